@@ -1,0 +1,31 @@
+// The one exception type megamoe throws: its message names the argument and the rule it broke.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace megamoe {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& message) : std::runtime_error(message) {}
+};
+
+namespace detail {
+template <typename... Parts>
+std::string concat(Parts&&... parts) {
+  std::ostringstream out;
+  (out << ... << std::forward<Parts>(parts));
+  return out.str();
+}
+}  // namespace detail
+
+// Throws megamoe::Error("<argument>: <rule pieces...>") when the condition is false.
+template <typename... Parts>
+inline void require(bool condition, const char* argument, Parts&&... rule) {
+  if (!condition) throw Error(detail::concat(argument, ": ", std::forward<Parts>(rule)...));
+}
+
+}  // namespace megamoe

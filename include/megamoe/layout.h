@@ -1,0 +1,194 @@
+// The symmetric buffer's layout, shared by host and device: every offset and size is computed here
+// and nowhere else. Sizes depend only on the Problem (never on a call's token count), so every rank
+// computes the same layout and the same total.
+//
+// Regions, in order (each starts on a kRegionAlign boundary):
+//   control            counters and flags: barrier epochs, per-expert send counts, error record
+//   recv_count         [experts_per_rank][num_ranks] u32      routes each source rank sends to each local expert
+//   expert_rows        [experts_per_rank + 1] u32            prefix sum of received routes: the pool's expert offsets
+//   x                  [max_tokens][hidden] activation       this rank's tokens (peers pull from here)
+//   x_scales           [max_tokens][hidden / 128] f32        fp8 recipes only
+//   topk_idx           [max_tokens][top_k] i32
+//   topk_weights       [max_tokens][top_k] f32
+//   src_index          [experts_per_rank][num_ranks][max_tokens] u32   token * top_k + k, scattered by source ranks
+//   pool_source        [pool_rows] PoolSource                 where each pool row came from
+//   pool_weight        [pool_rows] f32                        its route weight
+//   l1_pool            [pool_rows][hidden] activation         expert-major: expert e's rows start at expert_rows[e]
+//   l1_pool_scales     [hidden / 128][pool_rows] f32          K-block-major, so one TMA box holds a tile's scales
+//   l2_pool            [pool_rows][intermediate] activation   L1 output (SwiGLU x route weight, re-quantized)
+//   l2_pool_scales     [intermediate / 128][pool_rows] f32
+//   shared_x_scales    [hidden / 128][max_tokens] f32         x's scales K-block-major, for the shared experts' L1
+//   shared_l2          [max_tokens][S * intermediate] activation   shared experts' L1 output
+//   shared_l2_scales   [S * intermediate / 128][max_tokens] f32
+//   combine            [max_tokens][top_k + 1][hidden] bf16   L2 results, written by the owners; slot top_k = shared
+//   front_ring         the streaming front ring (docs/streaming.md), when front_num_slots > 0
+#pragma once
+
+#include <cstdint>
+
+#include "megamoe/config.h"
+#include "megamoe/problem.h"
+#include "megamoe/streaming.h"
+#include "megamoe/types.h"
+
+namespace megamoe {
+
+inline constexpr uint64_t kRegionAlign = 4096;
+// Pool row counts are rounded up to this, so K-block-major scale rows stay 16-byte aligned and a
+// GEMM tile that reads past an expert's last row stays inside the pool.
+inline constexpr uint64_t kPoolRowAlign = 256;
+
+MEGAMOE_HD uint64_t align_up(uint64_t value, uint64_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+MEGAMOE_HD uint64_t ceil_div(uint64_t value, uint64_t divisor) { return (value + divisor - 1) / divisor; }
+
+// What a pool row carries back to its source: rank, token, and which top-k choice it is.
+struct PoolSource {
+  uint32_t rank;
+  uint32_t token_topk;  // token * top_k + k
+};
+
+// Codes of the device error record (DeviceError::code).
+enum DeviceErrorCode : uint32_t {
+  kDeviceOk = 0,
+  kDeviceTimeout = 1,           // a spin-wait gave up: `site`, `peer`, `expected`, `seen` say on what
+  kDeviceBadExpertId = 2,       // topk_idx held an id outside [-1, num_experts): `seen` = id, `detail` = token
+  kDeviceSlotOverflow = 3,      // more routes to one (expert, source rank) than a token count allows
+  kDeviceTooManyTokens = 4,     // a call's token count exceeded max_tokens_per_rank
+};
+
+// Where a spin-wait was waiting (DeviceError::site).
+enum WaitSite : uint32_t {
+  kWaitNone = 0,
+  kWaitGridBarrier = 1,
+  kWaitRankBarrier = 2,
+  kWaitRecvCount = 3,
+  kWaitPoolReady = 4,
+  kWaitFrontRouteReady = 5,
+  kWaitFrontLayoutReady = 6,
+  kWaitFrontConsumed = 7,
+  kWaitTest = 8,
+};
+
+// The first error a kernel hits is recorded here (first writer wins) for the host to report.
+struct DeviceError {
+  uint32_t code;
+  uint32_t site;
+  uint32_t rank;
+  uint32_t block;
+  uint32_t thread;
+  uint32_t peer;
+  uint32_t detail;
+  uint32_t reserved;
+  uint64_t expected;
+  uint64_t seen;
+};
+
+// Counters at the head of the buffer.
+struct ControlBlock {
+  DeviceError error;
+  uint64_t barrier_epoch;                   // local: how many rank barriers this rank has entered
+  uint64_t barrier_arrivals[kMaxRanks];     // written by peers: the epoch each peer has reached
+  uint32_t grid_barrier_count;              // arrivals of this rank's blocks (grid barrier)
+  uint32_t grid_barrier_generation;
+  uint32_t call_count;                      // how many layer calls this buffer has run
+  uint32_t tokens_this_call;                // the token count of the call in flight
+};
+
+struct Region {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  MEGAMOE_HD uint64_t end() const { return offset + bytes; }
+};
+
+struct BufferLayout {
+  // Derived sizes.
+  uint32_t experts_per_rank = 0;
+  uint32_t max_tokens = 0;          // max_tokens_per_rank rounded up to a multiple of 4
+  uint32_t pool_rows = 0;           // capacity of the expert-major pools
+  uint32_t hidden_blocks = 0;       // hidden / 128
+  uint32_t intermediate_blocks = 0; // intermediate / 128
+  uint32_t shared_intermediate = 0; // num_shared_experts * intermediate
+  uint32_t activation_bytes = 0;    // 1 for the fp8 recipes, 2 for bf16
+
+  Region control, recv_count, expert_rows, x, x_scales, topk_idx, topk_weights, src_index, pool_source,
+      pool_weight, l1_pool, l1_pool_scales, l2_pool, l2_pool_scales, shared_x_scales, shared_l2,
+      shared_l2_scales, combine, front_ring;
+  uint64_t total_bytes = 0;
+
+  // Worst case of rows one rank's pool must hold: every source rank sends every token to this
+  // rank, each with as many distinct local experts as top-k allows.
+  MEGAMOE_HD static uint64_t worst_case_pool_rows(const Problem& p) {
+    return static_cast<uint64_t>(p.num_ranks) * static_cast<uint64_t>(p.max_tokens_per_rank) *
+           static_cast<uint64_t>(p.max_routes_per_token_to_rank());
+  }
+
+  MEGAMOE_HD static BufferLayout make(const Problem& p) {
+    BufferLayout l;
+    const bool scaled = p.recipe != Recipe::bf16;
+    l.experts_per_rank = static_cast<uint32_t>(p.experts_per_rank());
+    l.max_tokens = static_cast<uint32_t>(align_up(static_cast<uint64_t>(p.max_tokens_per_rank), 4));
+    l.pool_rows = static_cast<uint32_t>(align_up(worst_case_pool_rows(p), kPoolRowAlign));
+    l.hidden_blocks = static_cast<uint32_t>(p.hidden / kScaleBlock);
+    l.intermediate_blocks = static_cast<uint32_t>(p.intermediate / kScaleBlock);
+    l.shared_intermediate = static_cast<uint32_t>(p.num_shared_experts * p.intermediate);
+    l.activation_bytes = p.recipe == Recipe::bf16 ? 2u : 1u;
+
+    const uint64_t tokens = l.max_tokens;
+    const uint64_t rows = l.pool_rows;
+    const uint64_t act = l.activation_bytes;
+    uint64_t cursor = 0;
+    auto place = [&cursor](Region& region, uint64_t bytes) {
+      region.offset = cursor;
+      region.bytes = bytes;
+      cursor = align_up(cursor + bytes, kRegionAlign);
+    };
+    place(l.control, sizeof(ControlBlock) + sizeof(uint64_t) * static_cast<uint64_t>(p.num_experts));
+    place(l.recv_count, sizeof(uint32_t) * l.experts_per_rank * static_cast<uint64_t>(p.num_ranks));
+    place(l.expert_rows, sizeof(uint32_t) * (l.experts_per_rank + 1ull));
+    place(l.x, tokens * static_cast<uint64_t>(p.hidden) * act);
+    place(l.x_scales, scaled ? sizeof(float) * tokens * l.hidden_blocks : 0);
+    place(l.topk_idx, sizeof(int32_t) * tokens * static_cast<uint64_t>(p.top_k));
+    place(l.topk_weights, sizeof(float) * tokens * static_cast<uint64_t>(p.top_k));
+    place(l.src_index, sizeof(uint32_t) * l.experts_per_rank * static_cast<uint64_t>(p.num_ranks) * tokens);
+    place(l.pool_source, sizeof(PoolSource) * rows);
+    place(l.pool_weight, sizeof(float) * rows);
+    place(l.l1_pool, rows * static_cast<uint64_t>(p.hidden) * act);
+    place(l.l1_pool_scales, scaled ? sizeof(float) * rows * l.hidden_blocks : 0);
+    place(l.l2_pool, rows * static_cast<uint64_t>(p.intermediate) * act);
+    place(l.l2_pool_scales, scaled ? sizeof(float) * rows * l.intermediate_blocks : 0);
+    place(l.shared_x_scales, scaled && p.num_shared_experts > 0 ? sizeof(float) * tokens * l.hidden_blocks : 0);
+    place(l.shared_l2, tokens * l.shared_intermediate * act);
+    place(l.shared_l2_scales, scaled ? sizeof(float) * tokens * (l.shared_intermediate / kScaleBlock) : 0);
+    place(l.combine, sizeof(uint16_t) * tokens * static_cast<uint64_t>(p.combine_slots()) *
+                         static_cast<uint64_t>(p.hidden));
+    place(l.front_ring, FrontRingLayout::make(p).total_bytes);
+    l.total_bytes = cursor;
+    return l;
+  }
+
+  // ---- Typed accessors, given the buffer's base address on some rank ----
+  template <typename T>
+  MEGAMOE_HD static T* at(void* base, const Region& region) {
+    return reinterpret_cast<T*>(static_cast<char*>(base) + region.offset);
+  }
+  MEGAMOE_HD ControlBlock* control_block(void* base) const { return at<ControlBlock>(base, control); }
+  // Per global expert: high 32 bits count this rank's dispatch blocks that arrived, low 32 bits
+  // the routes they counted; the value an arriving block reads back is its scatter offset.
+  MEGAMOE_HD uint64_t* send_count(void* base) const {
+    return reinterpret_cast<uint64_t*>(static_cast<char*>(base) + control.offset + sizeof(ControlBlock));
+  }
+  MEGAMOE_HD uint32_t* recv_count_ptr(void* base, uint32_t local_expert, uint32_t src_rank, uint32_t num_ranks) const {
+    return at<uint32_t>(base, recv_count) + local_expert * num_ranks + src_rank;
+  }
+  MEGAMOE_HD uint32_t* src_index_ptr(void* base, uint32_t local_expert, uint32_t src_rank, uint32_t num_ranks) const {
+    return at<uint32_t>(base, src_index) + (static_cast<uint64_t>(local_expert) * num_ranks + src_rank) * max_tokens;
+  }
+  MEGAMOE_HD uint16_t* combine_slot(void* base, uint32_t token, uint32_t slot, uint32_t slots, uint32_t hidden) const {
+    return at<uint16_t>(base, combine) + (static_cast<uint64_t>(token) * slots + slot) * hidden;
+  }
+};
+
+}  // namespace megamoe

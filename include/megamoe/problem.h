@@ -1,0 +1,46 @@
+// The description of one MoE layer and of this rank's place in it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "megamoe/config.h"
+#include "megamoe/types.h"
+
+namespace megamoe {
+
+struct Problem {
+  int32_t num_ranks = 1;
+  int32_t rank = 0;
+  int32_t num_experts = 0;          // routed experts over all ranks
+  int32_t top_k = 0;                // routed choices per token
+  int32_t hidden = 0;
+  int32_t intermediate = 0;         // per expert; L1 produces 2 * intermediate (gate and up)
+  int32_t num_shared_experts = 0;   // always-on experts computed on every rank for its own tokens
+  int32_t max_tokens_per_rank = 0;  // the buffer is sized for this; a call may pass fewer tokens
+  Recipe recipe = Recipe::fp8;
+  // Streaming chunk-ready front ring (docs/streaming.md); zero slots means the batch-ready path only.
+  int32_t front_num_slots = 0;
+  int32_t front_tokens_per_slot = 0;
+
+  MEGAMOE_HD int32_t experts_per_rank() const { return num_experts / num_ranks; }
+  MEGAMOE_HD int32_t owner_rank(int32_t expert) const { return expert / experts_per_rank(); }
+  MEGAMOE_HD int32_t local_expert(int32_t expert) const { return expert % experts_per_rank(); }
+  // Combine slots per token: one per top-k choice plus one for the shared experts' sum.
+  MEGAMOE_HD int32_t combine_slots() const { return top_k + 1; }
+  // A token sends at most this many routes to one rank (its top-k ids are distinct).
+  MEGAMOE_HD int32_t max_routes_per_token_to_rank() const {
+    return top_k < experts_per_rank() ? top_k : experts_per_rank();
+  }
+};
+
+// Throws megamoe::Error naming the field and the rule when the problem cannot be run.
+void validate(const Problem& problem);
+
+// A stable digest of everything that must agree across ranks (all fields but `rank`, plus the
+// library version and the buffer size); ranks exchange it when they create a buffer.
+uint64_t fingerprint(const Problem& problem);
+
+std::string describe(const Problem& problem);
+
+}  // namespace megamoe

@@ -1,0 +1,70 @@
+#include "megamoe/problem.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "megamoe/error.h"
+#include "megamoe/layout.h"
+
+namespace megamoe {
+
+void validate(const Problem& p) {
+  require(p.num_ranks >= 1 && p.num_ranks <= kMaxRanks, "num_ranks", "must be in [1, ", kMaxRanks, "], got ",
+          p.num_ranks);
+  require(p.rank >= 0 && p.rank < p.num_ranks, "rank", "must be in [0, num_ranks = ", p.num_ranks, "), got ", p.rank);
+  require(p.num_experts >= 1, "num_experts", "must be at least 1, got ", p.num_experts);
+  require(p.num_experts % p.num_ranks == 0, "num_experts", "must be divisible by num_ranks (", p.num_ranks,
+          "), got ", p.num_experts);
+  const int32_t top_k_limit = p.num_experts < kMaxTopK ? p.num_experts : kMaxTopK;
+  require(p.top_k >= 1 && p.top_k <= top_k_limit, "top_k", "must be in [1, ", top_k_limit,
+          "] (at most ", kMaxTopK, " and at most num_experts), got ", p.top_k);
+  require(p.hidden >= kScaleBlock && p.hidden % kScaleBlock == 0, "hidden", "must be a positive multiple of ",
+          kScaleBlock, ", got ", p.hidden);
+  require(p.intermediate >= kScaleBlock && p.intermediate % kScaleBlock == 0, "intermediate",
+          "must be a positive multiple of ", kScaleBlock, ", got ", p.intermediate);
+  require(p.num_shared_experts >= 0 && p.num_shared_experts <= 8, "num_shared_experts", "must be in [0, 8], got ",
+          p.num_shared_experts);
+  require(p.max_tokens_per_rank >= 1 && p.max_tokens_per_rank <= (1 << 20), "max_tokens_per_rank",
+          "must be in [1, 1048576], got ", p.max_tokens_per_rank);
+  require(static_cast<int64_t>(p.max_tokens_per_rank) * p.top_k < (int64_t{1} << 31), "max_tokens_per_rank",
+          "times top_k must stay below 2^31 (token * top_k + k is stored in 32 bits)");
+  require(p.front_num_slots >= 0, "front_num_slots", "must not be negative, got ", p.front_num_slots);
+  require(p.front_num_slots == 0 || p.front_tokens_per_slot >= 1, "front_tokens_per_slot",
+          "must be at least 1 when front_num_slots > 0, got ", p.front_tokens_per_slot);
+}
+
+namespace {
+// FNV-1a over the fields that must agree; stable across builds and hosts.
+struct Fnv {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  void add(uint64_t value) {
+    for (int i = 0; i < 8; ++i) {
+      hash ^= (value >> (8 * i)) & 0xFF;
+      hash *= 0x100000001b3ull;
+    }
+  }
+};
+}  // namespace
+
+uint64_t fingerprint(const Problem& p) {
+  Fnv fnv;
+  for (int64_t field : {int64_t{kLibraryVersion}, int64_t{p.num_ranks}, int64_t{p.num_experts}, int64_t{p.top_k},
+                        int64_t{p.hidden}, int64_t{p.intermediate}, int64_t{p.num_shared_experts},
+                        int64_t{p.max_tokens_per_rank}, int64_t(p.recipe), int64_t{p.front_num_slots},
+                        int64_t{p.front_tokens_per_slot}}) {
+    fnv.add(static_cast<uint64_t>(field));
+  }
+  fnv.add(BufferLayout::make(p).total_bytes);
+  return fnv.hash;
+}
+
+std::string describe(const Problem& p) {
+  std::ostringstream out;
+  out << "ranks=" << p.num_ranks << " rank=" << p.rank << " experts=" << p.num_experts << " top_k=" << p.top_k
+      << " hidden=" << p.hidden << " intermediate=" << p.intermediate << " shared=" << p.num_shared_experts
+      << " max_tokens_per_rank=" << p.max_tokens_per_rank << " recipe=" << to_string(p.recipe);
+  if (p.front_num_slots > 0) out << " front_slots=" << p.front_num_slots << "x" << p.front_tokens_per_slot;
+  return out.str();
+}
+
+}  // namespace megamoe

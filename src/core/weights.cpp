@@ -1,0 +1,1 @@
+#include "megamoe/weights.h"
