@@ -34,8 +34,9 @@
 namespace megamoe {
 
 inline constexpr uint64_t kRegionAlign = 4096;
-// Pool row counts are rounded up to this, so K-block-major scale rows stay 16-byte aligned and a
-// GEMM tile that reads past an expert's last row stays inside the pool.
+// Pool row counts are a multiple of this, so K-block-major scale rows stay 16-byte aligned, with at
+// least kPoolRowAlign - 1 rows beyond the worst case, so a GEMM tile (at most this many rows) that
+// starts at an expert's last row stays inside the pool (expert offsets are unaligned prefix sums).
 inline constexpr uint64_t kPoolRowAlign = 256;
 
 MEGAMOE_HD uint64_t align_up(uint64_t value, uint64_t alignment) {
@@ -70,6 +71,7 @@ enum WaitSite : uint32_t {
   kWaitFrontLayoutReady = 6,
   kWaitFrontConsumed = 7,
   kWaitTest = 8,
+  kWaitGemmStage = 9,         // a GEMM pipeline stage inside one CTA (`detail` = stage)
 };
 
 // The first error a kernel hits is recorded here (first writer wins) for the host to report.
@@ -130,7 +132,7 @@ struct BufferLayout {
     const bool scaled = p.recipe != Recipe::bf16;
     l.experts_per_rank = static_cast<uint32_t>(p.experts_per_rank());
     l.max_tokens = static_cast<uint32_t>(align_up(static_cast<uint64_t>(p.max_tokens_per_rank), 4));
-    l.pool_rows = static_cast<uint32_t>(align_up(worst_case_pool_rows(p), kPoolRowAlign));
+    l.pool_rows = static_cast<uint32_t>(align_up(worst_case_pool_rows(p) + kPoolRowAlign - 1, kPoolRowAlign));
     l.hidden_blocks = static_cast<uint32_t>(p.hidden / kScaleBlock);
     l.intermediate_blocks = static_cast<uint32_t>(p.intermediate / kScaleBlock);
     l.shared_intermediate = static_cast<uint32_t>(p.num_shared_experts * p.intermediate);

@@ -1,0 +1,51 @@
+// Standalone pull kernels over back-to-back rows, for the communication benchmark and its tests:
+// each block (one per multiprocessor of the rank's budget) takes every gridDim.x-th row.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/comm/pull.cuh"
+
+namespace megamoe::device {
+
+enum class PullMethod { bulk, vector };
+
+inline constexpr uint32_t kPullStages = 8;         // bulk: shared-memory slots per block
+inline constexpr int kPullStoresInFlight = 2;      // bulk: stores still reading slots while loads go on
+inline constexpr int kPullVectorThreads = 512;     // vector: 16 warps per block
+inline constexpr int kPullVectorUnroll = 4;        // vector: 16-byte loads in flight per lane
+
+template <uint32_t kStages>
+__global__ void __launch_bounds__(32) pull_rows_bulk_kernel(ContiguousRows rows, uint32_t count) {
+  extern __shared__ __align__(128) char slots[];
+  __shared__ uint64_t full[kStages];
+  if (threadIdx.x == 0) {
+    pull_rows_bulk<kPullStoresInFlight>(rows, blockIdx.x, count, gridDim.x, rows.row_bytes, slots, full, kStages);
+  }
+}
+
+template <int kUnroll>
+__global__ void __launch_bounds__(kPullVectorThreads) pull_rows_vector_kernel(ContiguousRows rows, uint32_t count) {
+  const uint32_t warps = blockDim.x / 32;
+  pull_rows_vector<kUnroll>(rows, blockIdx.x * warps + threadIdx.x / 32, count, gridDim.x * warps, rows.row_bytes,
+                            threadIdx.x % 32);
+}
+
+// Launches `blocks` blocks pulling `count` rows; returns the launch status.
+inline cudaError_t launch_pull_rows(PullMethod method, const ContiguousRows& rows, uint32_t count, int blocks,
+                                    cudaStream_t stream) {
+  if (method == PullMethod::bulk) {
+    const int shared_bytes = static_cast<int>(kPullStages * rows.row_bytes);
+    const cudaError_t status = cudaFuncSetAttribute(pull_rows_bulk_kernel<kPullStages>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes);
+    if (status != cudaSuccess) return status;
+    pull_rows_bulk_kernel<kPullStages><<<blocks, 32, shared_bytes, stream>>>(rows, count);
+  } else {
+    pull_rows_vector_kernel<kPullVectorUnroll><<<blocks, kPullVectorThreads, 0, stream>>>(rows, count);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace megamoe::device

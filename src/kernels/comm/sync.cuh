@@ -1,0 +1,189 @@
+// Device primitives for ranks that share memory: system-scope flags and counters, the error record,
+// timeout-protected spin-waits, the cross-rank barrier and the grid barrier.
+//
+// Memory model: peers' buffers are reached over NVLink (or, for emulated ranks, are other allocations
+// on this GPU), so every flag another rank reads is accessed at system scope. A release store or
+// release RMW publishes every write this thread has made or has observed (including its block's
+// writes ordered by a __syncthreads before it); an acquire load that sees the value makes them visible
+// to the loading thread and, after a __syncthreads, to its block.
+//
+// Timeouts: no spin-wait here waits forever. After SymmView::timeout_ns it records a kDeviceTimeout
+// (site, peer, expected and seen value, timeout in ms as `detail`) in this rank's ControlBlock and
+// returns false; the caller then leaves the kernel (never traps), and the host's
+// SymmBuffer::check_device_error turns the record into an exception.
+#pragma once
+
+#include <cuda/atomic>
+#include <cuda/ptx>
+#include <cuda/std/type_traits>
+
+#include <cstdint>
+
+#include "megamoe/comm.h"
+#include "megamoe/config.h"
+#include "megamoe/layout.h"
+
+namespace megamoe::device {
+
+template <typename T>
+using SystemRef = cuda::atomic_ref<T, cuda::thread_scope_system>;
+template <typename T>
+using GpuRef = cuda::atomic_ref<T, cuda::thread_scope_device>;
+template <typename T>
+using Same = cuda::std::type_identity_t<T>;
+
+// ---- System-scope loads, stores and counters ----
+
+template <typename T>
+MEGAMOE_DEVICE T ld_acquire_sys(const T* address) {
+  return SystemRef<T>(*const_cast<T*>(address)).load(cuda::memory_order_acquire);
+}
+template <typename T>
+MEGAMOE_DEVICE T ld_relaxed_sys(const T* address) {
+  return SystemRef<T>(*const_cast<T*>(address)).load(cuda::memory_order_relaxed);
+}
+template <typename T>
+MEGAMOE_DEVICE void st_release_sys(T* address, Same<T> value) {
+  SystemRef<T>(*address).store(value, cuda::memory_order_release);
+}
+template <typename T>
+MEGAMOE_DEVICE void st_relaxed_sys(T* address, Same<T> value) {
+  SystemRef<T>(*address).store(value, cuda::memory_order_relaxed);
+}
+// The atomic adds return the value before the addition.
+template <typename T>
+MEGAMOE_DEVICE T atomic_add_release_sys(T* address, Same<T> value) {
+  return SystemRef<T>(*address).fetch_add(value, cuda::memory_order_release);
+}
+template <typename T>
+MEGAMOE_DEVICE T atomic_add_acq_rel_sys(T* address, Same<T> value) {
+  return SystemRef<T>(*address).fetch_add(value, cuda::memory_order_acq_rel);
+}
+template <typename T>
+MEGAMOE_DEVICE T atomic_add_relaxed_sys(T* address, Same<T> value) {
+  return SystemRef<T>(*address).fetch_add(value, cuda::memory_order_relaxed);
+}
+
+// ---- The error record ----
+
+MEGAMOE_DEVICE uint32_t linear_block() { return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); }
+MEGAMOE_DEVICE uint32_t linear_thread() {
+  return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+}
+
+// Records `error` unless an earlier error was recorded (the first one is usually the cause). The host
+// reads the record only after the kernel has finished, so the fields need no ordering among themselves.
+MEGAMOE_DEVICE void record_error(ControlBlock* control, const DeviceError& error) {
+  if (atomicCAS(&control->error.code, uint32_t{kDeviceOk}, error.code) != kDeviceOk) return;
+  control->error.site = error.site;
+  control->error.rank = error.rank;
+  control->error.block = error.block;
+  control->error.thread = error.thread;
+  control->error.peer = error.peer;
+  control->error.detail = error.detail;
+  control->error.expected = error.expected;
+  control->error.seen = error.seen;
+}
+
+// ---- Spin-waits ----
+
+// What a spin-wait reports if it gives up.
+struct WaitSiteInfo {
+  WaitSite site;
+  uint32_t peer;      // the rank waited for (for sites about one peer)
+  uint64_t expected;  // the value waited for
+};
+
+// Calls poll(seen) until it returns true (it sets `seen` to the value it read each time). Returns
+// false after view.timeout_ns, having recorded a kDeviceTimeout in `control`.
+template <typename Poll>
+MEGAMOE_DEVICE bool spin_wait(const SymmView& view, ControlBlock* control, const WaitSiteInfo& info, Poll&& poll) {
+  uint64_t seen = 0;
+  if (poll(seen)) return true;
+  const uint64_t start = cuda::ptx::get_sreg_globaltimer();
+  while (!poll(seen)) {
+    if (cuda::ptx::get_sreg_globaltimer() - start > view.timeout_ns) {
+      DeviceError error{};
+      error.code = kDeviceTimeout;
+      error.site = info.site;
+      error.rank = static_cast<uint32_t>(view.rank);
+      error.block = linear_block();
+      error.thread = linear_thread();
+      error.peer = info.peer;
+      error.detail = static_cast<uint32_t>(view.timeout_ns / 1000000);
+      error.expected = info.expected;
+      error.seen = seen;
+      record_error(control, error);
+      return false;
+    }
+  }
+  return true;
+}
+
+// Waits until *counter >= expected, reading with system-scope acquire.
+template <typename T>
+MEGAMOE_DEVICE bool wait_at_least_sys(const SymmView& view, ControlBlock* control, const T* counter, Same<T> expected,
+                                      WaitSite site, uint32_t peer) {
+  return spin_wait(view, control, WaitSiteInfo{site, peer, static_cast<uint64_t>(expected)}, [&](uint64_t& seen) {
+    const T value = ld_acquire_sys(counter);
+    seen = static_cast<uint64_t>(value);
+    return value >= expected;
+  });
+}
+
+// ---- Barriers ----
+
+// Cross-rank barrier. Every thread of exactly one block per rank calls it (the same number of times on
+// every rank). Each rank writes its new epoch into every peer's barrier_arrivals[rank] and polls only
+// its own buffer, so the waiting is local and each crossing costs one NVLink store per peer. Writes the
+// block made (locally or to peers) before the call are visible to every rank's calling block after it.
+// Returns false, with a kDeviceTimeout recorded, if some rank did not arrive in time.
+MEGAMOE_DEVICE bool rank_barrier(const SymmView& view, const BufferLayout& layout) {
+  __syncthreads();
+  bool arrived = true;
+  if (linear_thread() == 0) {
+    ControlBlock* control = layout.control_block(view.local());
+    // Only this thread touches barrier_epoch; relaxed device-scope access keeps it out of stale caches.
+    const uint64_t epoch = GpuRef<uint64_t>(control->barrier_epoch).load(cuda::memory_order_relaxed) + 1;
+    GpuRef<uint64_t>(control->barrier_epoch).store(epoch, cuda::memory_order_relaxed);
+    for (int32_t peer = 0; peer < view.num_ranks; ++peer) {
+      st_release_sys(&view.map(control, peer)->barrier_arrivals[view.rank], epoch);
+    }
+    for (int32_t peer = 0; peer < view.num_ranks && arrived; ++peer) {
+      arrived = wait_at_least_sys(view, control, &control->barrier_arrivals[peer], epoch, kWaitRankBarrier,
+                                  static_cast<uint32_t>(peer));
+    }
+  }
+  return __syncthreads_and(arrived) != 0;
+}
+
+// Barrier across all blocks of this rank's grid, which must all be resident at once (launch at most
+// one block per multiprocessor of the rank's sm_budget, or fewer). Every thread of every block calls
+// it. Writes made before it by any block are visible to every block after it. Returns false, with a
+// kDeviceTimeout recorded, if some block did not arrive in time.
+MEGAMOE_DEVICE bool grid_barrier(const SymmView& view, const BufferLayout& layout) {
+  __syncthreads();
+  bool passed = true;
+  if (linear_thread() == 0) {
+    ControlBlock* control = layout.control_block(view.local());
+    GpuRef<uint32_t> count(control->grid_barrier_count);
+    GpuRef<uint32_t> generation(control->grid_barrier_generation);
+    const uint32_t blocks = gridDim.x * gridDim.y * gridDim.z;
+    // The generation cannot move before this block arrives, so reading it first is safe.
+    const uint32_t current = generation.load(cuda::memory_order_acquire);
+    if (count.fetch_add(1, cuda::memory_order_acq_rel) + 1 == blocks) {
+      count.store(0, cuda::memory_order_relaxed);
+      generation.store(current + 1, cuda::memory_order_release);
+    } else {
+      const WaitSiteInfo info{kWaitGridBarrier, static_cast<uint32_t>(view.rank), uint64_t{current} + 1};
+      passed = spin_wait(view, control, info, [&](uint64_t& seen) {
+        const uint32_t value = generation.load(cuda::memory_order_acquire);
+        seen = value;
+        return value != current;
+      });
+    }
+  }
+  return __syncthreads_and(passed) != 0;
+}
+
+}  // namespace megamoe::device

@@ -1,0 +1,87 @@
+#include "kernels/gemm/gemm.h"
+
+#include "kernels/gemm/launch.cuh"
+#include "megamoe/error.h"
+
+namespace megamoe::gemm {
+
+void check_launch(cudaError_t status, const char* what) {
+  require(status == cudaSuccess, what, "failed: ", cudaGetErrorString(status));
+}
+
+CUtensorMap make_tensor_map_2d(const void* base, CUtensorMapDataType type, uint64_t inner, uint64_t outer,
+                               uint64_t row_stride_bytes, uint32_t box_inner, uint32_t box_outer,
+                               CUtensorMapSwizzle swizzle, const char* what) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    check_launch(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault,
+                                                  &found),
+                 "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)");
+    require(found == cudaDriverEntryPointSuccess && function != nullptr, "cuTensorMapEncodeTiled",
+            "is not available from the CUDA driver");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
+  }();
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {inner, outer};
+  const cuuint64_t strides[1] = {row_stride_bytes};
+  const cuuint32_t box[2] = {box_inner, box_outer};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult result =
+      encode(&map, type, 2, const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  require(result == CUDA_SUCCESS, what, "cannot be described for TMA (cuTensorMapEncodeTiled error ",
+          static_cast<int>(result), "): base ", base, ", ", inner, " x ", outer, " elements, row stride ",
+          row_stride_bytes, " bytes");
+  return map;
+}
+
+void validate_operands(const GemmOperands& operands, uint32_t element_bytes, bool scaled) {
+  require(operands.num_groups >= 1, "num_groups", "must be at least 1");
+  require(operands.groups.num_groups >= 1 && operands.groups.num_groups <= kMaxGroups, "groups",
+          "must number 1..", kMaxGroups, ", got ", operands.groups.num_groups);
+  require(operands.n_out >= 64 && operands.n_out % 64 == 0, "n_out", "must be a positive multiple of 64, got ",
+          operands.n_out);
+  require(operands.k >= 128 && operands.k % 128 == 0, "k", "must be a positive multiple of 128, got ", operands.k);
+  require(operands.weights != nullptr && reinterpret_cast<uintptr_t>(operands.weights) % 16 == 0, "weights",
+          "must be a 16-byte aligned device pointer");
+  require(operands.acts != nullptr && reinterpret_cast<uintptr_t>(operands.acts) % 16 == 0, "acts",
+          "must be a 16-byte aligned device pointer");
+  require(operands.act_rows >= 1 && operands.act_rows % 4 == 0, "act_rows", "must be a positive multiple of 4, got ",
+          operands.act_rows);
+  require(uint64_t{operands.k} * element_bytes % 16 == 0, "k", "rows must be a multiple of 16 bytes");
+  if (scaled) {
+    require(operands.weight_scales != nullptr, "weight_scales", "are required by the fp8 recipe");
+    require(operands.act_scales != nullptr && reinterpret_cast<uintptr_t>(operands.act_scales) % 16 == 0,
+            "act_scales", "must be a 16-byte aligned device pointer for the fp8 recipe");
+  }
+  require(operands.timeout_ns > 0, "timeout_ns", "must be positive");
+}
+
+uint32_t choose_block_n(uint32_t expected_rows_per_group, uint32_t max_block_n) {
+  uint32_t block_n = 16;
+  while (block_n < max_block_n && block_n < expected_rows_per_group) block_n *= 2;
+  return block_n;
+}
+
+void grouped_gemm_swiglu(const GemmOperands& operands, const SwigluOutput& output, int grid, cudaStream_t stream) {
+  require(operands.recipe != Recipe::fp8_fp4, "recipe", "fp8_fp4 has no GPU kernel yet (CPU reference only)");
+  if (operands.recipe == Recipe::fp8) detail::fp8_swiglu(operands, output, grid, stream);
+  else detail::bf16_swiglu(operands, output, grid, stream);
+}
+
+void grouped_gemm_store(const GemmOperands& operands, const RoutedDestination& destination, int grid,
+                        cudaStream_t stream) {
+  require(operands.recipe != Recipe::fp8_fp4, "recipe", "fp8_fp4 has no GPU kernel yet (CPU reference only)");
+  if (operands.recipe == Recipe::fp8) detail::fp8_store(operands, destination, grid, stream);
+  else detail::bf16_store(operands, destination, grid, stream);
+}
+
+void grouped_gemm_store(const GemmOperands& operands, const SharedDestination& destination, int grid,
+                        cudaStream_t stream) {
+  require(operands.recipe != Recipe::fp8_fp4, "recipe", "fp8_fp4 has no GPU kernel yet (CPU reference only)");
+  if (operands.recipe == Recipe::fp8) detail::fp8_store(operands, destination, grid, stream);
+  else detail::bf16_store(operands, destination, grid, stream);
+}
+
+}  // namespace megamoe::gemm

@@ -1,0 +1,55 @@
+// Host entry points of the grouped GEMM engine (CUDA translation units only).
+//
+// Y[g] = W[g] . X[rows of g]^T for every group g (a local expert), where W is [groups][n_out][k]
+// (transformed weights, weights.h), X is [act_rows][k] (an expert-major pool, or the tokens
+// themselves for the shared experts) and the group row ranges live on the device (GroupRows).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/gemm/epilogue.cuh"
+#include "kernels/gemm/scheduler.cuh"
+#include "megamoe/layout.h"
+#include "megamoe/types.h"
+
+namespace megamoe::gemm {
+
+struct GemmOperands {
+  Recipe recipe = Recipe::fp8;
+  uint32_t num_groups = 0;  // groups the weight tensor holds (TMA bounds)
+  uint32_t n_out = 0;       // weight rows per group: 2 * intermediate for L1, hidden for L2
+  uint32_t k = 0;           // hidden for L1, intermediate for L2
+  const void* weights = nullptr;
+  const float* weight_scales = nullptr;  // fp8: [groups][n_out / 64][k / 128]
+  const void* acts = nullptr;            // [act_rows][k]
+  const float* act_scales = nullptr;     // fp8: [k / 128][act_rows]
+  uint32_t act_rows = 0;                 // a multiple of 4
+  GroupRows groups;
+  uint32_t expected_rows_per_group = 0;  // picks the token tile (BLOCK_N)
+  uint64_t timeout_ns = 0;
+  DeviceError* error = nullptr;  // where a stuck pipeline is recorded (nullable)
+  uint32_t rank = 0;             // for that record
+};
+
+// L1 output: SiLU(gate) * up * route weight, re-quantized per 1x128 (fp8) or BF16, into `acts`
+// [rows][n_out / 2] and `scales` [n_out / 2 / 128][scale_rows].
+struct SwigluOutput {
+  void* acts = nullptr;
+  float* scales = nullptr;
+  const float* row_weights = nullptr;  // nullptr: weight 1
+  uint32_t scale_rows = 0;
+};
+
+// The token tile (BLOCK_N) the heuristic picks for this many rows per group: the smallest of
+// 16, 32, 64, 128 that holds them, capped by the recipe's largest.
+uint32_t choose_block_n(uint32_t expected_rows_per_group, uint32_t max_block_n);
+
+void grouped_gemm_swiglu(const GemmOperands& operands, const SwigluOutput& output, int grid, cudaStream_t stream);
+void grouped_gemm_store(const GemmOperands& operands, const RoutedDestination& destination, int grid,
+                        cudaStream_t stream);
+void grouped_gemm_store(const GemmOperands& operands, const SharedDestination& destination, int grid,
+                        cudaStream_t stream);
+
+}  // namespace megamoe::gemm

@@ -1,0 +1,153 @@
+// The grouped GEMM's shared-memory layout and its full/empty mbarrier ring.
+//
+// Stage s holds a 256-row weight tile (A), a BLOCK_N-row token tile (B) and, for scaled recipes, the
+// token tile's activation scales for that K block. full[s] completes when TMA has landed all three;
+// empty[s] completes when all math warps are done reading them.
+#pragma once
+
+#include <cuda/ptx>
+
+#include <cstdint>
+
+#include "kernels/gemm/scheduler.cuh"
+#include "megamoe/config.h"
+#include "megamoe/layout.h"
+
+namespace megamoe::gemm {
+
+template <class Policy_, uint32_t kBlockN_>
+struct GemmConfig {
+  using Policy = Policy_;
+  static constexpr uint32_t kBlockM = 256;        // weight rows per tile: 4 wgmma m64 blocks
+  static constexpr uint32_t kBlockN = kBlockN_;   // tokens per tile: the wgmma N
+  static constexpr uint32_t kBlockK = Policy::kBlockK;
+  static constexpr uint32_t kRowBytes = 128;      // K bytes per shared-memory row (128-byte swizzle)
+  static constexpr uint32_t kMathWarpgroups = 2;  // each owns two m64 blocks of the tile
+  static constexpr uint32_t kThreads = 128 * (1 + kMathWarpgroups);
+  static constexpr uint32_t kMathThreads = 128 * kMathWarpgroups;
+  static constexpr uint32_t kAccRegs = kBlockN / 2;  // FP32 accumulators per thread per m64 block
+
+  static constexpr uint32_t kABytes = kBlockM * kRowBytes;
+  static constexpr uint32_t kBBytes = kBlockN * kRowBytes;
+  // TMA needs the inner start coordinate 16-byte aligned, and a token tile starts at any pool row:
+  // load the scales from the row rounded down to a multiple of 4, and 4 more.
+  static constexpr uint32_t kScaleAlignRows = 4;
+  static constexpr uint32_t kScaleBoxRows = kBlockN + kScaleAlignRows;
+  static constexpr uint32_t kScaleBytes = Policy::kScaled ? kScaleBoxRows * 4 : 0;
+  static constexpr uint32_t kScaleStride = (kScaleBytes + 127) / 128 * 128;
+  static constexpr uint32_t kStageTxBytes = kABytes + kBBytes + kScaleBytes;
+
+  // Epilogue staging: one row per token, padded by 16 bytes so the transposing stores spread over banks.
+  static constexpr uint32_t kL1StagingStride = 128 * Policy::kElementBytes + 16;  // 128 channels of output
+  static constexpr uint32_t kL2StagingStride = kBlockM * 2 + 16;                   // 256 BF16 features
+  static constexpr uint32_t kStagingBytes =
+      kBlockN * (kL1StagingStride > kL2StagingStride ? kL1StagingStride : kL2StagingStride);
+  static constexpr uint32_t kExchangeBytes = (4 * kMathWarpgroups + 2) * kBlockN * 4;  // amax parts + scales
+  static constexpr uint32_t kSchedulerBytes = 2 * (kMaxGroups + 1) * 4;
+
+  static constexpr uint32_t kSmemLimit = 227 * 1024;
+  static constexpr uint32_t kFixedBytes = 1024 /* alignment slack */ + kStagingBytes + kExchangeBytes +
+                                          kSchedulerBytes + 2 * 8 * 16 /* barriers */;
+  static constexpr uint32_t kStageBytes = kABytes + kBBytes + kScaleStride;
+  static constexpr uint32_t kStagesFit = (kSmemLimit - kFixedBytes) / kStageBytes;
+  static constexpr uint32_t kStages = kStagesFit > 8 ? 8 : kStagesFit;
+  static_assert(kStages >= 2, "tile does not fit shared memory with two stages");
+
+  // Offsets from the 1024-aligned base.
+  static constexpr uint32_t kAOffset = 0;
+  static constexpr uint32_t kBOffset = kAOffset + kStages * kABytes;
+  static constexpr uint32_t kScaleOffset = kBOffset + kStages * kBBytes;
+  static constexpr uint32_t kFullOffset = kScaleOffset + kStages * kScaleStride;
+  static constexpr uint32_t kEmptyOffset = kFullOffset + kStages * 8;
+  static constexpr uint32_t kSchedulerOffset = kEmptyOffset + kStages * 8;
+  static constexpr uint32_t kExchangeOffset = kSchedulerOffset + kSchedulerBytes;
+  static constexpr uint32_t kStagingOffset = (kExchangeOffset + kExchangeBytes + 127) / 128 * 128;
+  static constexpr uint32_t kSmemBytes = kStagingOffset + kStagingBytes + 1024;
+  static_assert(kSmemBytes <= kSmemLimit, "shared memory budget exceeded");
+  static_assert(kBBytes % 1024 == 0, "token tiles must be whole 8-row swizzle atoms");
+};
+
+template <class Config>
+struct SharedStorage {
+  uint8_t* base;
+
+  __device__ explicit SharedStorage(uint8_t* raw)
+      : base(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023})) {}
+  __device__ uint8_t* a(uint32_t stage) const { return base + Config::kAOffset + stage * Config::kABytes; }
+  __device__ uint8_t* b(uint32_t stage) const { return base + Config::kBOffset + stage * Config::kBBytes; }
+  __device__ float* act_scales(uint32_t stage) const {
+    return reinterpret_cast<float*>(base + Config::kScaleOffset + stage * Config::kScaleStride);
+  }
+  __device__ uint64_t* full(uint32_t stage) const {
+    return reinterpret_cast<uint64_t*>(base + Config::kFullOffset) + stage;
+  }
+  __device__ uint64_t* empty(uint32_t stage) const {
+    return reinterpret_cast<uint64_t*>(base + Config::kEmptyOffset) + stage;
+  }
+  __device__ uint32_t* scheduler() const { return reinterpret_cast<uint32_t*>(base + Config::kSchedulerOffset); }
+  __device__ float* exchange() const { return reinterpret_cast<float*>(base + Config::kExchangeOffset); }
+  __device__ uint8_t* staging() const { return base + Config::kStagingOffset; }
+};
+
+// Position in the stage ring; the phase bit flips each time the ring wraps.
+template <uint32_t kStages>
+struct RingPosition {
+  uint32_t stage = 0;
+  uint32_t phase = 0;
+  __device__ void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  return now;
+}
+
+// Where a pipeline wait records that it gave up.
+struct PipelineWatch {
+  DeviceError* error;  // nullable
+  uint32_t rank;
+  uint64_t timeout_ns;
+};
+
+// Waits for the mbarrier phase of the given parity. These waits are inside one CTA, so a timeout means
+// a broken pipeline (a TMA fault or a bookkeeping bug): the first one records a DeviceError and every
+// wait then gives up at once, so the kernel ends and the host reports the record instead of hanging.
+// (No printf or trap here: a function call inside the wgmma pipeline would serialize it.)
+__device__ __forceinline__ void wait_barrier(uint64_t* barrier, uint32_t parity, const PipelineWatch& watch,
+                                             uint32_t stage) {
+  if (cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) return;
+  const uint64_t start = global_timer_ns();
+  while (!cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) {
+    if (watch.error == nullptr) continue;
+    volatile uint32_t* code = &watch.error->code;
+    if (*code != kDeviceOk) return;
+    if (global_timer_ns() - start > watch.timeout_ns) {
+      if (atomicCAS(&watch.error->code, kDeviceOk, kDeviceTimeout) == kDeviceOk) {
+        watch.error->site = kWaitGemmStage;
+        watch.error->rank = watch.rank;
+        watch.error->block = blockIdx.x;
+        watch.error->thread = threadIdx.x;
+        watch.error->peer = watch.rank;
+        watch.error->detail = stage;
+        watch.error->expected = parity;
+        watch.error->seen = parity ^ 1;
+        __threadfence_system();
+      }
+      return;
+    }
+  }
+}
+
+// Barrier among the math warpgroups only (named barrier 1; 0 is __syncthreads).
+template <class Config>
+__device__ __forceinline__ void math_barrier() {
+  asm volatile("bar.sync 1, %0;" ::"n"(Config::kMathThreads) : "memory");
+}
+
+}  // namespace megamoe::gemm

@@ -1,0 +1,105 @@
+// Tile scheduler of the grouped GEMM over the expert-major pool.
+//
+// Group g (a local expert) owns pool rows [rows[g], rows[g+1]); its tiles are (m tile of the weight
+// rows, n tile of BLOCK_N tokens), m-major so that consecutive tiles reuse one weight tile from L2.
+// Empty groups have no tiles. Every CTA builds the per-group tile prefix in shared memory from the
+// device-side row offsets (the host never reads them) and walks tiles blockIdx.x, +gridDim.x, ...
+#pragma once
+
+#include <cstdint>
+
+#include "megamoe/config.h"
+
+namespace megamoe::gemm {
+
+inline constexpr uint32_t kMaxGroups = 1024;
+
+// Where a grouped GEMM finds its groups' rows: a device prefix array of num_groups + 1 offsets, or
+// (prefix == nullptr) a single group of `fixed_rows` rows starting at row 0.
+struct GroupRows {
+  const uint32_t* prefix = nullptr;
+  uint32_t num_groups = 1;
+  uint32_t fixed_rows = 0;
+};
+
+struct Tile {
+  uint32_t group;
+  uint32_t m_tile;     // weight rows [m_tile * BLOCK_M, +BLOCK_M)
+  uint32_t row_begin;  // first pool row of the token tile
+  uint32_t rows;       // valid tokens in the tile, 1..BLOCK_N
+};
+
+template <uint32_t kBlockN>
+struct TileScheduler {
+  uint32_t* tile_prefix;  // shared memory, num_groups + 1 entries
+  uint32_t* group_begin;  // shared memory, num_groups + 1 entries
+  uint32_t num_groups;
+  uint32_t m_tiles;
+
+  // All threads of the CTA call this, followed by a CTA-wide barrier.
+  __device__ void build(const GroupRows& groups, uint32_t m_tiles_per_group, uint32_t* smem, uint32_t thread,
+                        uint32_t num_threads) {
+    num_groups = groups.num_groups;
+    m_tiles = m_tiles_per_group;
+    tile_prefix = smem;
+    group_begin = smem + kMaxGroups + 1;
+    if (groups.prefix == nullptr) {
+      if (thread == 0) {
+        group_begin[0] = 0;
+        group_begin[1] = groups.fixed_rows;
+        tile_prefix[0] = 0;
+        tile_prefix[1] = m_tiles * ((groups.fixed_rows + kBlockN - 1) / kBlockN);
+      }
+      return;
+    }
+    for (uint32_t g = thread; g <= num_groups; g += num_threads) group_begin[g] = groups.prefix[g];
+    // A serial scan by one warp: groups are few (<= kMaxGroups) next to the GEMM's work.
+    if (thread < 32) {
+      __syncwarp();
+      uint32_t running = 0;
+      for (uint32_t base = 0; base < num_groups; base += 32) {
+        const uint32_t g = base + thread;
+        uint32_t tiles = 0;
+        if (g < num_groups) {
+          const uint32_t rows = groups.prefix[g + 1] - groups.prefix[g];
+          tiles = m_tiles * ((rows + kBlockN - 1) / kBlockN);
+        }
+        uint32_t inclusive = tiles;
+#pragma unroll
+        for (int offset = 1; offset < 32; offset <<= 1) {
+          const uint32_t other = __shfl_up_sync(0xFFFFFFFFu, inclusive, offset);
+          if (thread >= static_cast<uint32_t>(offset)) inclusive += other;
+        }
+        if (g < num_groups) tile_prefix[g] = running + inclusive - tiles;
+        running += __shfl_sync(0xFFFFFFFFu, inclusive, 31);
+      }
+      if (thread == 0) tile_prefix[num_groups] = running;
+    }
+  }
+
+  __device__ uint32_t num_tiles() const { return tile_prefix[num_groups]; }
+
+  __device__ Tile tile(uint32_t index) const {
+    // The last group whose first tile is <= index (empty groups share their successor's start).
+    uint32_t low = 0, high = num_groups - 1;
+    while (low < high) {
+      const uint32_t mid = (low + high + 1) / 2;
+      if (tile_prefix[mid] <= index) low = mid;
+      else high = mid - 1;
+    }
+    const uint32_t group = low;
+    const uint32_t local = index - tile_prefix[group];
+    const uint32_t rows = group_begin[group + 1] - group_begin[group];
+    const uint32_t n_tiles = (rows + kBlockN - 1) / kBlockN;
+    Tile tile;
+    tile.group = group;
+    tile.m_tile = local / n_tiles;
+    const uint32_t n_tile = local % n_tiles;
+    tile.row_begin = group_begin[group] + n_tile * kBlockN;
+    const uint32_t remaining = rows - n_tile * kBlockN;
+    tile.rows = remaining < kBlockN ? remaining : kBlockN;
+    return tile;
+  }
+};
+
+}  // namespace megamoe::gemm

@@ -1,0 +1,403 @@
+// The grouped GEMM engine against a CPU reference with the same quantization, on fresh random
+// inputs: both epilogues, both recipes, 1..128 groups, uneven, empty and single-row groups, row
+// counts that are not multiples of the token tile, a grid smaller than the tile count. Outputs are
+// poisoned first; every element that should be written is checked and every other one must still
+// hold the poison.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "device_buffer.h"
+#include "gpu_test_util.h"
+#include "kernels/gemm/gemm.h"
+#include "megamoe/formats.h"
+#include "megamoe/layout.h"
+
+namespace megamoe {
+namespace {
+
+using testing::DeviceBuffer;
+
+constexpr uint64_t kTimeoutNs = 10'000'000'000ull;
+// Hopper's FP8 wgmma accumulates with fewer than FP32's mantissa bits (seen: ~2e-4 relative on
+// 128-long K blocks), so per-token amax and hence scales match the double reference only this well.
+constexpr double kScaleTolerance = 2e-3;
+
+struct Case {
+  Recipe recipe;
+  std::vector<uint32_t> rows_per_group;
+  uint32_t hidden;
+  uint32_t intermediate;
+  uint32_t expected_rows;  // drives the token tile choice
+  int grid;                // 0: all multiprocessors
+};
+
+std::string describe(const Case& c) {
+  std::string text = std::string(to_string(c.recipe)) + " groups=" + std::to_string(c.rows_per_group.size()) +
+                     " hidden=" + std::to_string(c.hidden) + " intermediate=" + std::to_string(c.intermediate) +
+                     " expected_rows=" + std::to_string(c.expected_rows) + " grid=" + std::to_string(c.grid) +
+                     " rows=[";
+  for (size_t g = 0; g < std::min<size_t>(c.rows_per_group.size(), 12); ++g)
+    text += (g ? "," : "") + std::to_string(c.rows_per_group[g]);
+  return text + (c.rows_per_group.size() > 12 ? ",...]" : "]");
+}
+
+std::mt19937_64 fresh_rng() {
+  const uint64_t seed = std::random_device{}();
+  std::printf("random seed %llu\n", static_cast<unsigned long long>(seed));
+  return std::mt19937_64(seed);
+}
+
+// Random operand matrix in the recipe's storage: E4M3 codes or BF16 bits, plus its dequantized value.
+struct Operand {
+  std::vector<uint8_t> bytes;
+  std::vector<float> values;
+};
+
+Operand random_operand(Recipe recipe, size_t count, float magnitude, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  Operand op;
+  op.values.resize(count);
+  if (recipe == Recipe::fp8) {
+    op.bytes.resize(count);
+    for (size_t i = 0; i < count; ++i) {
+      op.bytes[i] = float_to_e4m3(uniform(rng) * 448.0f);
+      op.values[i] = e4m3_to_float(op.bytes[i]);
+    }
+  } else {
+    op.bytes.resize(count * 2);
+    for (size_t i = 0; i < count; ++i) {
+      const uint16_t bits = float_to_bf16(uniform(rng) * magnitude);
+      std::memcpy(&op.bytes[2 * i], &bits, 2);
+      op.values[i] = bf16_to_float(bits);
+    }
+  }
+  return op;
+}
+
+std::vector<float> random_scales(size_t count, float base, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> factor(0.5f, 2.0f);
+  std::vector<float> scales(count);
+  for (float& s : scales) s = base * factor(rng);
+  return scales;
+}
+
+double normalized_error(const std::vector<double>& got, const std::vector<double>& want) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i])) return INFINITY;
+    diff += (got[i] - want[i]) * (got[i] - want[i]);
+    norm += want[i] * want[i];
+  }
+  return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
+}
+
+struct Groups {
+  std::vector<uint32_t> prefix;
+  uint32_t total = 0;
+  uint32_t capacity = 0;  // rows allocated: total rounded up, plus a tile of slack that must stay untouched
+};
+
+Groups make_groups(const std::vector<uint32_t>& rows_per_group) {
+  Groups groups;
+  groups.prefix.push_back(0);
+  for (uint32_t rows : rows_per_group) groups.prefix.push_back(groups.prefix.back() + rows);
+  groups.total = groups.prefix.back();
+  groups.capacity = static_cast<uint32_t>(align_up(groups.total + 128, 256));
+  return groups;
+}
+
+int multiprocessors() {
+  int count = 0;
+  cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, 0);
+  return count;
+}
+
+// ---- L1: SwiGLU epilogue -------------------------------------------------------------------------
+
+void run_swiglu_case(const Case& c) {
+  SCOPED_TRACE(describe(c));
+  auto rng = fresh_rng();
+  const bool scaled = c.recipe == Recipe::fp8;
+  const uint32_t num_groups = static_cast<uint32_t>(c.rows_per_group.size());
+  const uint32_t n_out = 2 * c.intermediate, k = c.hidden, k_blocks = k / 128;
+  const Groups groups = make_groups(c.rows_per_group);
+  const uint32_t rows = groups.capacity;
+
+  const Operand weights = random_operand(c.recipe, size_t{num_groups} * n_out * k, std::sqrt(3.0f / k), rng);
+  const std::vector<float> weight_scales =
+      scaled ? random_scales(size_t{num_groups} * (n_out / 64) * k_blocks, std::sqrt(3.0f / k) / 448.0f, rng)
+             : std::vector<float>{};
+  const Operand acts = random_operand(c.recipe, size_t{rows} * k, 1.0f, rng);
+  const std::vector<float> act_scales = scaled ? random_scales(size_t{k_blocks} * rows, 1.0f / 448.0f, rng)
+                                               : std::vector<float>{};
+  std::vector<float> row_weights(rows);
+  std::uniform_real_distribution<float> weight_dist(0.05f, 1.0f);
+  for (float& w : row_weights) w = weight_dist(rng);
+
+  DeviceBuffer<uint8_t> d_weights(weights.bytes), d_acts(acts.bytes);
+  DeviceBuffer<float> d_weight_scales(scaled ? weight_scales : std::vector<float>{0.0f});
+  DeviceBuffer<float> d_act_scales(scaled ? act_scales : std::vector<float>{0.0f});
+  DeviceBuffer<float> d_row_weights(row_weights);
+  DeviceBuffer<uint32_t> d_prefix(groups.prefix);
+  const uint32_t element_bytes = scaled ? 1 : 2;
+  DeviceBuffer<uint8_t> d_out(size_t{rows} * c.intermediate * element_bytes);
+  DeviceBuffer<float> d_out_scales(size_t{c.intermediate / 128} * rows);
+  d_out.fill_bytes(0x7F);         // E4M3 NaN, and 0x7F7F is a BF16 NaN
+  d_out_scales.fill_bytes(0xFF);  // FP32 NaN
+
+  gemm::GemmOperands operands;
+  operands.recipe = c.recipe;
+  operands.num_groups = num_groups;
+  operands.n_out = n_out;
+  operands.k = k;
+  operands.weights = d_weights.get();
+  operands.weight_scales = scaled ? d_weight_scales.get() : nullptr;
+  operands.acts = d_acts.get();
+  operands.act_scales = scaled ? d_act_scales.get() : nullptr;
+  operands.act_rows = rows;
+  operands.groups = gemm::GroupRows{d_prefix.get(), num_groups, 0};
+  operands.expected_rows_per_group = c.expected_rows;
+  operands.timeout_ns = kTimeoutNs;
+  DeviceBuffer<DeviceError> d_error(1);
+  d_error.fill_bytes(0);
+  operands.error = d_error.get();
+  gemm::SwigluOutput output{d_out.get(), scaled ? d_out_scales.get() : nullptr, d_row_weights.get(), rows};
+  gemm::grouped_gemm_swiglu(operands, output, c.grid > 0 ? c.grid : multiprocessors(), nullptr);
+  MEGAMOE_CUDA_OK(cudaDeviceSynchronize());
+  ASSERT_EQ(d_error.download()[0].code, kDeviceOk) << "the GEMM pipeline recorded a stuck wait";
+
+  const std::vector<uint8_t> out = d_out.download();
+  const std::vector<float> out_scales = d_out_scales.download();
+
+  // Reference from the transformed layout: channel c of tile t has gate at transformed row
+  // 256t + 128w + r and up at 256t + 128w + 64 + r (w = (c % 128) / 64, r = c % 64).
+  std::vector<double> got, want;
+  size_t code_mismatches = 0;
+  std::vector<float> activation(c.intermediate);
+  for (uint32_t g = 0; g < num_groups; ++g) {
+    for (uint32_t row = groups.prefix[g]; row < groups.prefix[g + 1]; ++row) {
+      for (uint32_t channel = 0; channel < c.intermediate; ++channel) {
+        const uint32_t tile = channel / 128, w = (channel % 128) / 64, r = channel % 64;
+        const uint32_t gate_row = 256 * tile + 128 * w + r, up_row = gate_row + 64;
+        double gate = 0, up = 0;
+        for (uint32_t kb = 0; kb < k_blocks; ++kb) {
+          double gate_block = 0, up_block = 0;
+          for (uint32_t kk = 0; kk < 128; ++kk) {
+            const uint32_t col = kb * 128 + kk;
+            const double x = acts.values[size_t{row} * k + col];
+            gate_block += x * weights.values[(size_t{g} * n_out + gate_row) * k + col];
+            up_block += x * weights.values[(size_t{g} * n_out + up_row) * k + col];
+          }
+          if (scaled) {
+            const double sx = act_scales[size_t{kb} * rows + row];
+            gate_block *= sx * weight_scales[(size_t{g} * (n_out / 64) + gate_row / 64) * k_blocks + kb];
+            up_block *= sx * weight_scales[(size_t{g} * (n_out / 64) + up_row / 64) * k_blocks + kb];
+          }
+          gate += gate_block;
+          up += up_block;
+        }
+        activation[channel] = static_cast<float>(gate / (1.0 + std::exp(-gate)) * up * row_weights[row]);
+      }
+      for (uint32_t block = 0; block < c.intermediate / 128; ++block) {
+        float amax = 0;
+        for (uint32_t i = 0; i < 128; ++i) amax = std::max(amax, std::fabs(activation[block * 128 + i]));
+        const Fp8BlockQuantizer quantizer = Fp8BlockQuantizer::from_amax(amax);
+        const float scale = scaled ? out_scales[size_t{block} * rows + row] : 1.0f;
+        if (scaled) {
+          ASSERT_FALSE(std::isnan(scale)) << "scale of row " << row << " block " << block << " not written";
+          EXPECT_NEAR(scale, quantizer.scale, kScaleTolerance * quantizer.scale) << "row " << row << " block " << block;
+        }
+        for (uint32_t i = 0; i < 128; ++i) {
+          const uint32_t channel = block * 128 + i;
+          const size_t index = size_t{row} * c.intermediate + channel;
+          if (scaled) {
+            const uint8_t want_code = quantizer.quantize(activation[channel]);
+            code_mismatches += out[index] != want_code;
+            got.push_back(e4m3_to_float(out[index]) * scale);
+            want.push_back(e4m3_to_float(want_code) * quantizer.scale);
+          } else {
+            uint16_t bits;
+            std::memcpy(&bits, &out[2 * index], 2);
+            got.push_back(bf16_to_float(bits));
+            want.push_back(bf16_to_float(float_to_bf16(activation[channel])));
+          }
+        }
+      }
+    }
+  }
+  // The FP8 wgmma accumulates with ~2e-4 relative error, so a few values fall on the other side of
+  // an E4M3 rounding boundary than the double reference (off by one code, <= 12.5%): bound both
+  // how many and the overall error. BF16 outputs only differ by such flips of a BF16 rounding.
+  const double error = normalized_error(got, want);
+  const double mismatch_fraction = got.empty() ? 0.0 : double(code_mismatches) / got.size();
+  std::printf("L1 %s: normalized error %.3g, E4M3 codes differing %.3g%% over %zu values\n", describe(c).c_str(),
+              error, 100 * mismatch_fraction, got.size());
+  EXPECT_LT(error, scaled ? 1e-2 : 2e-3);
+  EXPECT_LT(mismatch_fraction, 0.02);
+
+  // Rows past the last group stay untouched.
+  for (size_t i = size_t{groups.total} * c.intermediate * element_bytes; i < out.size(); ++i)
+    ASSERT_EQ(out[i], 0x7F) << "byte " << i << " past the last row was written";
+  if (scaled) {
+    for (uint32_t block = 0; block < c.intermediate / 128; ++block)
+      for (uint32_t row = groups.total; row < rows; ++row)
+        ASSERT_TRUE(std::isnan(out_scales[size_t{block} * rows + row])) << "scale past the last row was written";
+  }
+}
+
+// ---- L2: store epilogue into combine slots on two "ranks" ---------------------------------------
+
+void run_store_case(const Case& c) {
+  SCOPED_TRACE(describe(c));
+  auto rng = fresh_rng();
+  const bool scaled = c.recipe == Recipe::fp8;
+  const uint32_t num_groups = static_cast<uint32_t>(c.rows_per_group.size());
+  const uint32_t n_out = c.hidden, k = c.intermediate, k_blocks = k / 128;
+  const Groups groups = make_groups(c.rows_per_group);
+  const uint32_t rows = groups.capacity;
+  constexpr uint32_t kTopK = 4;
+  constexpr int32_t kRanks = 2;
+
+  const Operand weights = random_operand(c.recipe, size_t{num_groups} * n_out * k, std::sqrt(3.0f / k), rng);
+  const std::vector<float> weight_scales =
+      scaled ? random_scales(size_t{num_groups} * (n_out / 64) * k_blocks, std::sqrt(3.0f / k) / 448.0f, rng)
+             : std::vector<float>{};
+  const Operand acts = random_operand(c.recipe, size_t{rows} * k, 1.0f, rng);
+  const std::vector<float> act_scales = scaled ? random_scales(size_t{k_blocks} * rows, 1.0f / 448.0f, rng)
+                                               : std::vector<float>{};
+
+  // Every pool row goes to a distinct (rank, token, k) slot, shuffled.
+  const uint32_t tokens = (groups.total + kTopK - 1) / kTopK + 1;
+  std::vector<PoolSource> all_slots;
+  for (int32_t rank = 0; rank < kRanks; ++rank)
+    for (uint32_t slot = 0; slot < tokens * kTopK; ++slot) all_slots.push_back({static_cast<uint32_t>(rank), slot});
+  std::shuffle(all_slots.begin(), all_slots.end(), rng);
+  std::vector<PoolSource> sources(rows, PoolSource{0, 0});
+  for (uint32_t row = 0; row < groups.total; ++row) sources[row] = all_slots[row];
+
+  DeviceBuffer<uint8_t> d_weights(weights.bytes), d_acts(acts.bytes);
+  DeviceBuffer<float> d_weight_scales(scaled ? weight_scales : std::vector<float>{0.0f});
+  DeviceBuffer<float> d_act_scales(scaled ? act_scales : std::vector<float>{0.0f});
+  DeviceBuffer<uint32_t> d_prefix(groups.prefix);
+  DeviceBuffer<PoolSource> d_sources(sources);
+  const size_t slot_elements = size_t{tokens} * (kTopK + 1) * n_out;
+  std::vector<DeviceBuffer<uint16_t>> combine;
+  SymmView view{};
+  view.rank = 0;
+  view.num_ranks = kRanks;
+  view.timeout_ns = kTimeoutNs;
+  for (int32_t rank = 0; rank < kRanks; ++rank) {
+    combine.emplace_back(slot_elements);
+    combine.back().fill_bytes(0xFF);
+    view.peers[rank] = reinterpret_cast<char*>(combine.back().get());
+  }
+
+  gemm::GemmOperands operands;
+  operands.recipe = c.recipe;
+  operands.num_groups = num_groups;
+  operands.n_out = n_out;
+  operands.k = k;
+  operands.weights = d_weights.get();
+  operands.weight_scales = scaled ? d_weight_scales.get() : nullptr;
+  operands.acts = d_acts.get();
+  operands.act_scales = scaled ? d_act_scales.get() : nullptr;
+  operands.act_rows = rows;
+  operands.groups = gemm::GroupRows{d_prefix.get(), num_groups, 0};
+  operands.expected_rows_per_group = c.expected_rows;
+  operands.timeout_ns = kTimeoutNs;
+  DeviceBuffer<DeviceError> d_error(1);
+  d_error.fill_bytes(0);
+  operands.error = d_error.get();
+  const gemm::RoutedDestination destination{view, 0, d_sources.get(), kTopK, n_out};
+  gemm::grouped_gemm_store(operands, destination, c.grid > 0 ? c.grid : multiprocessors(), nullptr);
+  MEGAMOE_CUDA_OK(cudaDeviceSynchronize());
+  ASSERT_EQ(d_error.download()[0].code, kDeviceOk) << "the GEMM pipeline recorded a stuck wait";
+
+  std::vector<std::vector<uint16_t>> out;
+  for (const auto& buffer : combine) out.push_back(buffer.download());
+  std::vector<std::vector<bool>> written(kRanks, std::vector<bool>(tokens * (kTopK + 1), false));
+  std::vector<double> got, want;
+  for (uint32_t g = 0; g < num_groups; ++g) {
+    for (uint32_t row = groups.prefix[g]; row < groups.prefix[g + 1]; ++row) {
+      const PoolSource source = sources[row];
+      const uint32_t token = source.token_topk / kTopK, slot = source.token_topk % kTopK;
+      written[source.rank][token * (kTopK + 1) + slot] = true;
+      const uint16_t* result = out[source.rank].data() + (size_t{token} * (kTopK + 1) + slot) * n_out;
+      for (uint32_t feature = 0; feature < n_out; ++feature) {
+        double sum = 0;
+        for (uint32_t kb = 0; kb < k_blocks; ++kb) {
+          double block = 0;
+          for (uint32_t kk = 0; kk < 128; ++kk) {
+            const uint32_t col = kb * 128 + kk;
+            block += double{acts.values[size_t{row} * k + col]} *
+                     weights.values[(size_t{g} * n_out + feature) * k + col];
+          }
+          if (scaled)
+            block *= act_scales[size_t{kb} * rows + row] *
+                     weight_scales[(size_t{g} * (n_out / 64) + feature / 64) * k_blocks + kb];
+          sum += block;
+        }
+        got.push_back(bf16_to_float(result[feature]));
+        want.push_back(bf16_to_float(float_to_bf16(static_cast<float>(sum))));
+      }
+    }
+  }
+  const double error = normalized_error(got, want);
+  std::printf("L2 %s: normalized error %.3g over %zu values\n", describe(c).c_str(), error, got.size());
+  EXPECT_LT(error, 2e-3);
+  for (int32_t rank = 0; rank < kRanks; ++rank)
+    for (uint32_t slot = 0; slot < tokens * (kTopK + 1); ++slot)
+      if (!written[rank][slot])
+        for (uint32_t feature = 0; feature < n_out; ++feature)
+          ASSERT_EQ(out[rank][size_t{slot} * n_out + feature], 0xFFFF)
+              << "rank " << rank << " slot " << slot << " was written but no pool row maps to it";
+}
+
+std::vector<uint32_t> random_rows(uint32_t groups, uint32_t max_rows, double empty_fraction, std::mt19937_64& rng) {
+  std::uniform_int_distribution<uint32_t> rows(1, max_rows);
+  std::bernoulli_distribution empty(empty_fraction);
+  std::vector<uint32_t> result(groups);
+  for (uint32_t& r : result) r = empty(rng) ? 0 : rows(rng);
+  return result;
+}
+
+class GroupedGemm : public ::testing::TestWithParam<Recipe> {};
+
+// Each case runs as two tests: the L1 (SwiGLU) epilogue and the L2 (store) epilogue.
+#define MEGAMOE_GEMM_CASE(Name, ...)          \
+  TEST_P(GroupedGemm, Name##Swiglu) {         \
+    MEGAMOE_SKIP_WITHOUT_GPU();               \
+    std::mt19937_64 rng(std::random_device{}()); \
+    for (const Case& c : __VA_ARGS__) run_swiglu_case(c); \
+  }                                           \
+  TEST_P(GroupedGemm, Name##Store) {          \
+    MEGAMOE_SKIP_WITHOUT_GPU();               \
+    std::mt19937_64 rng(std::random_device{}()); \
+    for (const Case& c : __VA_ARGS__) run_store_case(c); \
+  }
+
+MEGAMOE_GEMM_CASE(OneGroupManyRows, std::vector<Case>{{GetParam(), {300}, 512, 256, 300, 0}})
+MEGAMOE_GEMM_CASE(EightUnevenGroupsWithEmptyAndSingleRowOnes,
+                  std::vector<Case>{{GetParam(), {5, 0, 1, 77, 16, 0, 33, 1}, 384, 256, 20, 0}})
+MEGAMOE_GEMM_CASE(ThirtyTwoGroupsSmallGridLoopsOverTiles,
+                  std::vector<Case>{{GetParam(), random_rows(32, 70, 0.2, rng), 256, 384, 40, 7}})
+MEGAMOE_GEMM_CASE(HundredTwentyEightGroupsDecodeSized,
+                  std::vector<Case>{{GetParam(), random_rows(128, 6, 0.3, rng), 256, 128, 4, 0}})
+MEGAMOE_GEMM_CASE(TokenTile16, std::vector<Case>{{GetParam(), {11, 33, 0, 16}, 256, 128, 8, 0}})
+MEGAMOE_GEMM_CASE(TokenTile32, std::vector<Case>{{GetParam(), {35, 65, 0, 32}, 256, 128, 32, 0}})
+MEGAMOE_GEMM_CASE(TokenTile64, std::vector<Case>{{GetParam(), {67, 129, 0, 64}, 256, 128, 64, 0}})
+MEGAMOE_GEMM_CASE(TokenTile128, std::vector<Case>{{GetParam(), {203, 401, 0, 200}, 256, 128, 200, 0}})
+MEGAMOE_GEMM_CASE(AllGroupsEmpty, std::vector<Case>{{GetParam(), {0, 0, 0}, 256, 128, 1, 0}})
+
+INSTANTIATE_TEST_SUITE_P(Recipes, GroupedGemm, ::testing::Values(Recipe::fp8, Recipe::bf16),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
+}  // namespace
+}  // namespace megamoe
