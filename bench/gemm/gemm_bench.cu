@@ -1,0 +1,245 @@
+// Grouped GEMM benchmark at DeepSeek-V3 expert shapes (L1: N 4096 x K 7168 with the SwiGLU epilogue;
+// L2: N 7168 x K 2048 with the store epilogue), against ceilings measured in the same run: dense
+// cuBLASLt FP8/BF16 TFLOP/s and the HBM copy rate (for weight bytes read per second).
+//   megamoe_gemm_bench [--out FILE.json] [--recipes fp8,bf16] [--experts 32,128] [--tokens 1,4,...]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/common/ceilings.h"
+#include "bench/common/report.h"
+#include "kernels/gemm/gemm.h"
+#include "megamoe/error.h"
+#include "megamoe/formats.h"
+
+namespace megamoe::bench {
+namespace {
+
+constexpr uint32_t kHidden = 7168, kIntermediate = 2048;
+
+void cuda_ok(cudaError_t status, const char* what) {
+  require(status == cudaSuccess, what, "failed: ", cudaGetErrorString(status));
+}
+
+// Random finite operands (never zeros: they hide unwritten outputs and run faster than real data).
+__global__ void fill_operand(uint8_t* data, uint64_t count, bool bf16, uint64_t seed) {
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < count; i += uint64_t{gridDim.x} * blockDim.x) {
+    uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 29;
+    const float uniform = static_cast<float>(x >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
+    if (bf16) reinterpret_cast<uint16_t*>(data)[i] = float_to_bf16(uniform * 0.05f);
+    else data[i] = float_to_e4m3(uniform * 448.0f);
+  }
+}
+
+__global__ void fill_value(float* data, uint64_t count, float value) {
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < count; i += uint64_t{gridDim.x} * blockDim.x)
+    data[i] = value;
+}
+
+template <typename T>
+T* device_alloc(uint64_t count) {
+  T* pointer = nullptr;
+  cuda_ok(cudaMalloc(&pointer, std::max<uint64_t>(count, 1) * sizeof(T)), "cudaMalloc");
+  return pointer;
+}
+
+std::vector<uint32_t> parse_list(const std::string& text) {
+  std::vector<uint32_t> values;
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) values.push_back(static_cast<uint32_t>(std::stoul(item)));
+  return values;
+}
+
+// Rows per expert: uniform, or skewed (weights 1/(e+1)^1.2, same total).
+std::vector<uint32_t> rows_per_expert(uint32_t experts, uint32_t tokens, bool skewed) {
+  std::vector<uint32_t> rows(experts, tokens);
+  if (!skewed) return rows;
+  std::vector<double> weight(experts);
+  double sum = 0;
+  for (uint32_t e = 0; e < experts; ++e) sum += weight[e] = std::pow(e + 1.0, -1.2);
+  const uint64_t total = uint64_t{experts} * tokens;
+  uint64_t assigned = 0;
+  for (uint32_t e = 0; e < experts; ++e) assigned += rows[e] = static_cast<uint32_t>(total * weight[e] / sum);
+  rows[0] += static_cast<uint32_t>(total - assigned);
+  return rows;
+}
+
+struct StageShape {
+  const char* name;
+  uint32_t n_out, k;
+};
+
+}  // namespace
+}  // namespace megamoe::bench
+
+int main(int argc, char** argv) {
+  using namespace megamoe;
+  using namespace megamoe::bench;
+  std::string out = "gemm-bench.json";
+  std::vector<std::string> recipes = {"fp8", "bf16"};
+  std::vector<uint32_t> expert_counts = {32, 128};
+  std::vector<uint32_t> token_counts = {1, 4, 16, 64, 256, 1024, 4096};
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (arg == "--out" && has_value) out = argv[++i];
+    else if (arg == "--experts" && has_value) expert_counts = parse_list(argv[++i]);
+    else if (arg == "--tokens" && has_value) token_counts = parse_list(argv[++i]);
+    else if (arg == "--recipes" && has_value) {
+      recipes.clear();
+      std::stringstream stream(argv[++i]);
+      std::string item;
+      while (std::getline(stream, item, ',')) recipes.push_back(item);
+    } else {
+      std::fprintf(stderr, "usage: %s [--out FILE] [--recipes fp8,bf16] [--experts 32,128] [--tokens 1,4,...]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  try {
+    Report report;
+    report.benchmark = "gemm";
+    report.command = command_line(argc, argv);
+    report.ceilings["hbm_copy_gbps"] = hbm_copy_gbps();
+    report.ceilings["fp8_dense_tflops"] = fp8_dense_tflops();
+    report.ceilings["bf16_dense_tflops"] = bf16_dense_tflops();
+    std::printf("ceilings: HBM copy %.0f GB/s, dense FP8 %.0f TFLOP/s, dense BF16 %.0f TFLOP/s\n",
+                report.ceilings["hbm_copy_gbps"], report.ceilings["fp8_dense_tflops"],
+                report.ceilings["bf16_dense_tflops"]);
+
+    int sms = 0;
+    cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "multiprocessor count");
+    cudaStream_t stream;
+    cuda_ok(cudaStreamCreate(&stream), "cudaStreamCreate");
+    const uint32_t max_experts = *std::max_element(expert_counts.begin(), expert_counts.end());
+    const uint32_t max_tokens = *std::max_element(token_counts.begin(), token_counts.end());
+    const uint64_t max_rows = align_up(uint64_t{max_experts} * max_tokens + 256, 256);
+    constexpr uint32_t kCombineTokens = 65536;  // L2 rows reuse these slots: timing only
+
+    for (const std::string& recipe_name : recipes) {
+      Recipe recipe;
+      require(parse_recipe(recipe_name, recipe) && recipe != Recipe::fp8_fp4, "--recipes", "takes fp8 and bf16");
+      const bool scaled = recipe == Recipe::fp8;
+      const uint32_t element_bytes = scaled ? 1 : 2;
+      const double dense = report.ceilings[scaled ? "fp8_dense_tflops" : "bf16_dense_tflops"];
+      for (const StageShape stage : {StageShape{"l1", 2 * kIntermediate, kHidden}, StageShape{"l2", kHidden, kIntermediate}}) {
+        const uint64_t weight_elements = uint64_t{max_experts} * stage.n_out * stage.k;
+        uint8_t* weights = device_alloc<uint8_t>(weight_elements * element_bytes);
+        float* weight_scales = device_alloc<float>(uint64_t{max_experts} * (stage.n_out / 64) * (stage.k / 128));
+        uint8_t* acts = device_alloc<uint8_t>(max_rows * stage.k * element_bytes);
+        float* act_scales = device_alloc<float>(max_rows * (stage.k / 128));
+        fill_operand<<<4096, 256, 0, stream>>>(weights, weight_elements, !scaled, 7);
+        fill_operand<<<4096, 256, 0, stream>>>(acts, max_rows * stage.k, !scaled, 11);
+        fill_value<<<1024, 256, 0, stream>>>(weight_scales, uint64_t{max_experts} * (stage.n_out / 64) * (stage.k / 128),
+                                             1.0f / 4096.0f);
+        fill_value<<<1024, 256, 0, stream>>>(act_scales, max_rows * (stage.k / 128), 1.0f / 448.0f);
+        float* row_weights = device_alloc<float>(max_rows);
+        fill_value<<<1024, 256, 0, stream>>>(row_weights, max_rows, 0.5f);
+        // Outputs: the L2 pool for L1; combine slots for L2 (sources wrap around kCombineTokens).
+        uint8_t* l1_out = stage.n_out == 2 * kIntermediate ? device_alloc<uint8_t>(max_rows * kIntermediate * element_bytes)
+                                                           : nullptr;
+        float* l1_out_scales = l1_out ? device_alloc<float>(max_rows * (kIntermediate / 128)) : nullptr;
+        uint16_t* combine = l1_out ? nullptr : device_alloc<uint16_t>(uint64_t{kCombineTokens} * 2 * kHidden);
+        std::vector<PoolSource> sources(max_rows);
+        for (uint64_t row = 0; row < max_rows; ++row) sources[row] = {0, static_cast<uint32_t>(row % kCombineTokens)};
+        PoolSource* d_sources = device_alloc<PoolSource>(max_rows);
+        cuda_ok(cudaMemcpy(d_sources, sources.data(), max_rows * sizeof(PoolSource), cudaMemcpyHostToDevice), "copy");
+        DeviceError* error = device_alloc<DeviceError>(1);
+        cuda_ok(cudaMemset(error, 0, sizeof(DeviceError)), "cudaMemset");
+        uint32_t* prefix = device_alloc<uint32_t>(max_experts + 1);
+
+        for (uint32_t experts : expert_counts) {
+          for (uint32_t tokens : token_counts) {
+            for (bool skewed : {false, true}) {
+              const std::vector<uint32_t> rows = rows_per_expert(experts, tokens, skewed);
+              std::vector<uint32_t> host_prefix(experts + 1, 0);
+              uint32_t active = 0;
+              for (uint32_t e = 0; e < experts; ++e) {
+                host_prefix[e + 1] = host_prefix[e] + rows[e];
+                active += rows[e] > 0;
+              }
+              cuda_ok(cudaMemcpy(prefix, host_prefix.data(), host_prefix.size() * 4, cudaMemcpyHostToDevice), "copy");
+              gemm::GemmOperands operands;
+              operands.recipe = recipe;
+              operands.num_groups = experts;
+              operands.n_out = stage.n_out;
+              operands.k = stage.k;
+              operands.weights = weights;
+              operands.weight_scales = scaled ? weight_scales : nullptr;
+              operands.acts = acts;
+              operands.act_scales = scaled ? act_scales : nullptr;
+              operands.act_rows = static_cast<uint32_t>(max_rows);
+              operands.groups = gemm::GroupRows{prefix, experts, 0};
+              operands.expected_rows_per_group = tokens;
+              operands.timeout_ns = 10'000'000'000ull;
+              operands.error = error;
+              const uint64_t total_rows = host_prefix.back();
+              const int repeats = total_rows > 100000 ? 5 : 20;
+              const double us = time_us(
+                  [&] {
+                    if (l1_out) {
+                      gemm::grouped_gemm_swiglu(operands,
+                                                gemm::SwigluOutput{l1_out, l1_out_scales, row_weights,
+                                                                   static_cast<uint32_t>(max_rows)},
+                                                sms, stream);
+                    } else {
+                      SymmView view{};
+                      view.peers[0] = reinterpret_cast<char*>(combine);
+                      view.num_ranks = 1;
+                      gemm::grouped_gemm_store(operands, gemm::RoutedDestination{view, 0, d_sources, 1, kHidden},
+                                               sms, stream);
+                    }
+                  },
+                  stream, repeats, 2);
+              DeviceError recorded{};
+              cuda_ok(cudaMemcpy(&recorded, error, sizeof(recorded), cudaMemcpyDeviceToHost), "error record");
+              require(recorded.code == kDeviceOk, "grouped GEMM", "recorded a device error during the benchmark");
+              const double flops = 2.0 * total_rows * stage.n_out * stage.k;
+              const double weight_bytes = double(active) * stage.n_out * stage.k * element_bytes +
+                                          (scaled ? active * (stage.n_out / 64.0) * (stage.k / 128) * 4 : 0);
+              const double tflops = flops / (us * 1e-6) / 1e12;
+              const double weight_gbps = weight_bytes / (us * 1e-6) / 1e9;
+              report.rows.push_back({{"recipe", recipe_name},
+                                     {"stage", std::string(stage.name)},
+                                     {"experts", static_cast<long long>(experts)},
+                                     {"tokens_per_expert", static_cast<long long>(tokens)},
+                                     {"routing", std::string(skewed ? "skewed" : "uniform")},
+                                     {"block_n", static_cast<long long>(gemm::choose_block_n(
+                                                     tokens, scaled ? 64u : 128u))},
+                                     {"us", us},
+                                     {"tflops", tflops},
+                                     {"weight_gbps", weight_gbps},
+                                     {"tflops_vs_dense", tflops / dense},
+                                     {"weight_gbps_vs_hbm_copy", weight_gbps / report.ceilings["hbm_copy_gbps"]}});
+              std::fprintf(stderr, "%s %s E=%u t=%u %s: %.1f us, %.0f TFLOP/s, %.0f GB/s of weights\n",
+                           recipe_name.c_str(), stage.name, experts, tokens, skewed ? "skewed" : "uniform", us, tflops,
+                           weight_gbps);
+            }
+          }
+        }
+        for (void* pointer : {static_cast<void*>(weights), static_cast<void*>(weight_scales), static_cast<void*>(acts),
+                              static_cast<void*>(act_scales), static_cast<void*>(row_weights),
+                              static_cast<void*>(l1_out), static_cast<void*>(l1_out_scales),
+                              static_cast<void*>(combine), static_cast<void*>(d_sources), static_cast<void*>(error),
+                              static_cast<void*>(prefix)})
+          if (pointer) cudaFree(pointer);
+      }
+    }
+    write_report(report, out);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "megamoe_gemm_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
