@@ -21,7 +21,7 @@
 //   w2 values are unchanged.
 //
 // Shared experts are computed as one expert of intermediate S*I (the sum of S SwiGLU MLPs equals one
-// MLP over their concatenated channels): transform_shared_weights concatenates them.
+// MLP over their concatenated channels): concat_shared_experts concatenates them.
 #pragma once
 
 #include <cstdint>

@@ -8,6 +8,17 @@
 
 namespace megamoe {
 
+namespace {
+constexpr int32_t kMaxTokensPerRank = 1 << 20;
+// token * top_k + k is stored in 32 bits (src_index, PoolSource), so the token limit keeps it there.
+static_assert(int64_t{kMaxTokensPerRank} * kMaxTopK < (int64_t{1} << 31));
+// Keeps every derived count in 32 bits: 2 * intermediate W1 rows, num_shared_experts * intermediate
+// shared channels (int32 arithmetic in BufferLayout::make).
+constexpr int32_t kMaxDimension = 1 << 16;
+constexpr int32_t kMaxSharedExperts = 8;
+static_assert(int64_t{kMaxSharedExperts} * kMaxDimension < (int64_t{1} << 31));
+}  // namespace
+
 void validate(const Problem& p) {
   require(p.num_ranks >= 1 && p.num_ranks <= kMaxRanks, "num_ranks", "must be in [1, ", kMaxRanks, "], got ",
           p.num_ranks);
@@ -18,16 +29,15 @@ void validate(const Problem& p) {
   const int32_t top_k_limit = p.num_experts < kMaxTopK ? p.num_experts : kMaxTopK;
   require(p.top_k >= 1 && p.top_k <= top_k_limit, "top_k", "must be in [1, ", top_k_limit,
           "] (at most ", kMaxTopK, " and at most num_experts), got ", p.top_k);
-  require(p.hidden >= kScaleBlock && p.hidden % kScaleBlock == 0, "hidden", "must be a positive multiple of ",
-          kScaleBlock, ", got ", p.hidden);
-  require(p.intermediate >= kScaleBlock && p.intermediate % kScaleBlock == 0, "intermediate",
-          "must be a positive multiple of ", kScaleBlock, ", got ", p.intermediate);
-  require(p.num_shared_experts >= 0 && p.num_shared_experts <= 8, "num_shared_experts", "must be in [0, 8], got ",
-          p.num_shared_experts);
-  require(p.max_tokens_per_rank >= 1 && p.max_tokens_per_rank <= (1 << 20), "max_tokens_per_rank",
-          "must be in [1, 1048576], got ", p.max_tokens_per_rank);
-  require(static_cast<int64_t>(p.max_tokens_per_rank) * p.top_k < (int64_t{1} << 31), "max_tokens_per_rank",
-          "times top_k must stay below 2^31 (token * top_k + k is stored in 32 bits)");
+  require(p.hidden >= kScaleBlock && p.hidden % kScaleBlock == 0 && p.hidden <= kMaxDimension, "hidden",
+          "must be a positive multiple of ", kScaleBlock, " and at most ", kMaxDimension, ", got ", p.hidden);
+  require(p.intermediate >= kScaleBlock && p.intermediate % kScaleBlock == 0 && p.intermediate <= kMaxDimension,
+          "intermediate", "must be a positive multiple of ", kScaleBlock, " and at most ", kMaxDimension, ", got ",
+          p.intermediate);
+  require(p.num_shared_experts >= 0 && p.num_shared_experts <= kMaxSharedExperts, "num_shared_experts",
+          "must be in [0, ", kMaxSharedExperts, "], got ", p.num_shared_experts);
+  require(p.max_tokens_per_rank >= 1 && p.max_tokens_per_rank <= kMaxTokensPerRank, "max_tokens_per_rank",
+          "must be in [1, ", kMaxTokensPerRank, "], got ", p.max_tokens_per_rank);
   require(p.front_num_slots >= 0, "front_num_slots", "must not be negative, got ", p.front_num_slots);
   require(p.front_num_slots == 0 || p.front_tokens_per_slot >= 1, "front_tokens_per_slot",
           "must be at least 1 when front_num_slots > 0, got ", p.front_tokens_per_slot);

@@ -1,0 +1,328 @@
+// The symmetric buffer layout: region order and alignment, independence from the rank, hand-computed
+// sizes for a DeepSeek-V3 layer, and the typed accessors.
+#include "megamoe/layout.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace megamoe {
+namespace {
+
+using RegionField = Region BufferLayout::*;
+
+// Every region, in the order the layout places them.
+const std::vector<std::pair<const char*, RegionField>>& regions_in_order() {
+  static const std::vector<std::pair<const char*, RegionField>> regions = {
+      {"control", &BufferLayout::control},
+      {"recv_count", &BufferLayout::recv_count},
+      {"expert_rows", &BufferLayout::expert_rows},
+      {"x", &BufferLayout::x},
+      {"x_scales", &BufferLayout::x_scales},
+      {"topk_idx", &BufferLayout::topk_idx},
+      {"topk_weights", &BufferLayout::topk_weights},
+      {"src_index", &BufferLayout::src_index},
+      {"pool_source", &BufferLayout::pool_source},
+      {"pool_weight", &BufferLayout::pool_weight},
+      {"l1_pool", &BufferLayout::l1_pool},
+      {"l1_pool_scales", &BufferLayout::l1_pool_scales},
+      {"l2_pool", &BufferLayout::l2_pool},
+      {"l2_pool_scales", &BufferLayout::l2_pool_scales},
+      {"shared_x_scales", &BufferLayout::shared_x_scales},
+      {"shared_l2", &BufferLayout::shared_l2},
+      {"shared_l2_scales", &BufferLayout::shared_l2_scales},
+      {"combine", &BufferLayout::combine},
+      {"front_ring", &BufferLayout::front_ring},
+  };
+  return regions;
+}
+
+Problem small_problem(Recipe recipe) {
+  Problem p;
+  p.num_ranks = 4;
+  p.rank = 0;
+  p.num_experts = 8;
+  p.top_k = 4;
+  p.hidden = 256;
+  p.intermediate = 384;
+  p.num_shared_experts = 2;
+  p.max_tokens_per_rank = 37;
+  p.recipe = recipe;
+  return p;
+}
+
+// DeepSeek-V3's MoE layer split over 2 ranks.
+Problem deepseek_v3() {
+  Problem p;
+  p.num_ranks = 2;
+  p.rank = 0;
+  p.num_experts = 256;
+  p.top_k = 8;
+  p.hidden = 7168;
+  p.intermediate = 2048;
+  p.num_shared_experts = 1;
+  p.max_tokens_per_rank = 8192;
+  p.recipe = Recipe::fp8;
+  return p;
+}
+
+void expect_well_formed(const BufferLayout& l, const char* label) {
+  uint64_t previous_end = 0;
+  for (const auto& [name, field] : regions_in_order()) {
+    const Region& region = l.*field;
+    EXPECT_EQ(region.offset % kRegionAlign, 0u) << label << " " << name;
+    EXPECT_GE(region.offset, previous_end) << label << " " << name << " overlaps the region before it";
+    // Regions are packed: each starts at the first aligned offset after the previous one.
+    EXPECT_EQ(region.offset, align_up(previous_end, kRegionAlign)) << label << " " << name;
+    previous_end = region.end();
+  }
+  EXPECT_EQ(l.total_bytes, align_up(l.front_ring.end(), kRegionAlign)) << label;
+}
+
+TEST(BufferLayout, RegionsAreOrderedAlignedAndDisjoint) {
+  for (Recipe recipe : {Recipe::fp8, Recipe::fp8_fp4, Recipe::bf16}) {
+    expect_well_formed(BufferLayout::make(small_problem(recipe)), "small");
+  }
+  expect_well_formed(BufferLayout::make(deepseek_v3()), "deepseek");
+}
+
+TEST(BufferLayout, DoesNotDependOnRank) {
+  Problem p = small_problem(Recipe::fp8);
+  const BufferLayout first = BufferLayout::make(p);
+  for (int32_t rank = 1; rank < p.num_ranks; ++rank) {
+    p.rank = rank;
+    const BufferLayout other = BufferLayout::make(p);
+    EXPECT_EQ(other.total_bytes, first.total_bytes);
+    for (const auto& [name, field] : regions_in_order()) {
+      EXPECT_EQ((other.*field).offset, (first.*field).offset) << name << " rank " << rank;
+      EXPECT_EQ((other.*field).bytes, (first.*field).bytes) << name << " rank " << rank;
+    }
+  }
+}
+
+TEST(BufferLayout, GrowsMonotonicallyWithMaxTokens) {
+  for (Recipe recipe : {Recipe::fp8, Recipe::bf16}) {
+    Problem p = small_problem(recipe);
+    p.max_tokens_per_rank = 1;
+    const uint64_t smallest = BufferLayout::make(p).total_bytes;
+    BufferLayout previous = BufferLayout::make(p);
+    for (int32_t tokens = 2; tokens <= 600; ++tokens) {
+      p.max_tokens_per_rank = tokens;
+      const BufferLayout next = BufferLayout::make(p);
+      EXPECT_GE(next.total_bytes, previous.total_bytes) << tokens;
+      for (const auto& [name, field] : regions_in_order()) {
+        EXPECT_GE((next.*field).bytes, (previous.*field).bytes) << name << " at " << tokens << " tokens";
+      }
+      previous = next;
+    }
+    EXPECT_GT(previous.total_bytes, smallest);
+  }
+}
+
+TEST(BufferLayout, WorstCasePoolRows) {
+  Problem p = small_problem(Recipe::fp8);
+  // 8 experts on 4 ranks: 2 per rank. top_k 4 > 2, so a token sends at most 2 routes to one rank:
+  // 4 source ranks * 37 tokens * 2 routes = 296 rows. The pool adds 255 rows of tile slack and
+  // rounds up to kPoolRowAlign: 551 -> 768.
+  EXPECT_EQ(p.max_routes_per_token_to_rank(), 2);
+  EXPECT_EQ(BufferLayout::worst_case_pool_rows(p), 296u);
+  EXPECT_EQ(BufferLayout::make(p).pool_rows, 768u);
+
+  // 1 rank, 8 experts, top-2, 100 tokens: every route lands here, 200 rows; 455 -> 512.
+  p.num_ranks = 1;
+  p.top_k = 2;
+  p.max_tokens_per_rank = 100;
+  EXPECT_EQ(BufferLayout::worst_case_pool_rows(p), 200u);
+  EXPECT_EQ(BufferLayout::make(p).pool_rows, 512u);
+
+  // 64 experts on 8 ranks (8 each), top-6 < 8: 8 ranks * 1000 tokens * 6 routes = 48000 rows;
+  // 48255 -> 48384 (189 * 256).
+  p.num_ranks = 8;
+  p.num_experts = 64;
+  p.top_k = 6;
+  p.max_tokens_per_rank = 1000;
+  EXPECT_EQ(BufferLayout::worst_case_pool_rows(p), 48000u);
+  EXPECT_EQ(BufferLayout::make(p).pool_rows, 48384u);
+
+  // One expert per rank: at most one route per token per rank, whatever top_k is.
+  p.num_experts = 8;
+  p.top_k = 8;
+  EXPECT_EQ(BufferLayout::worst_case_pool_rows(p), 8000u);
+}
+
+// Expert offsets in the pool are prefix sums, so an expert's last GEMM tile (up to kPoolRowAlign
+// rows) may start at any row below the worst case; it must still end inside the pool.
+TEST(BufferLayout, PoolHasRoomForTheLastTile) {
+  Problem p = small_problem(Recipe::fp8);
+  p.num_ranks = 1;
+  p.num_experts = 8;
+  for (int32_t top_k : {1, 2, 8}) {
+    for (int32_t tokens : {1, 32, 37, 128, 255, 256, 1000}) {
+      p.top_k = top_k;
+      p.max_tokens_per_rank = tokens;
+      const uint64_t worst = BufferLayout::worst_case_pool_rows(p);
+      const uint64_t rows = BufferLayout::make(p).pool_rows;
+      EXPECT_EQ(rows % kPoolRowAlign, 0u);
+      EXPECT_GE(rows, worst - 1 + kPoolRowAlign) << "top_k " << top_k << " tokens " << tokens;
+      EXPECT_LT(rows, worst + 2 * kPoolRowAlign) << "no more slack than needed";
+    }
+  }
+}
+
+TEST(BufferLayout, DeepSeekV3HandComputedSizes) {
+  const Problem p = deepseek_v3();
+  const BufferLayout l = BufferLayout::make(p);
+  constexpr uint64_t kPage = kRegionAlign;  // 4096
+
+  // 128 experts per rank; a token sends min(8, 128) = 8 routes to one rank at most.
+  EXPECT_EQ(l.experts_per_rank, 128u);
+  EXPECT_EQ(l.max_tokens, 8192u);
+  // Worst case 2 ranks * 8192 tokens * 8 routes = 131072 rows; plus 255 rows of tile slack, rounded
+  // up to 256: 131328 pool rows.
+  EXPECT_EQ(BufferLayout::worst_case_pool_rows(p), 131072u);
+  EXPECT_EQ(l.pool_rows, 131328u);
+  EXPECT_EQ(l.hidden_blocks, 56u);        // 7168 / 128
+  EXPECT_EQ(l.intermediate_blocks, 16u);  // 2048 / 128
+  EXPECT_EQ(l.shared_intermediate, 2048u);
+  EXPECT_EQ(l.activation_bytes, 1u);
+
+  // control: the counters plus one u64 send count per global expert (256 * 8 = 2048 bytes); it
+  // fits one page as long as ControlBlock stays under 2 KiB.
+  EXPECT_EQ(l.control.bytes, sizeof(ControlBlock) + 2048);
+  ASSERT_LE(l.control.bytes, kPage);
+  EXPECT_EQ(l.control.offset, 0u);
+  // recv_count: 128 experts * 2 ranks * 4 bytes = 1024.
+  EXPECT_EQ(l.recv_count.offset, 1 * kPage);
+  EXPECT_EQ(l.recv_count.bytes, 1024u);
+  // expert_rows: 129 * 4 = 516.
+  EXPECT_EQ(l.expert_rows.offset, 2 * kPage);
+  EXPECT_EQ(l.expert_rows.bytes, 516u);
+  // x: 8192 tokens * 7168 bytes = 58720256 = 14336 pages.
+  EXPECT_EQ(l.x.offset, 3 * kPage);
+  EXPECT_EQ(l.x.bytes, 58720256u);
+  // x_scales: 8192 * 56 * 4 = 1835008 = 448 pages.
+  EXPECT_EQ(l.x_scales.offset, (3 + 14336) * kPage);
+  EXPECT_EQ(l.x_scales.bytes, 1835008u);
+  // topk_idx and topk_weights: 8192 * 8 * 4 = 262144 = 64 pages each.
+  EXPECT_EQ(l.topk_idx.offset, 14787 * kPage);
+  EXPECT_EQ(l.topk_idx.bytes, 262144u);
+  EXPECT_EQ(l.topk_weights.offset, 14851 * kPage);
+  EXPECT_EQ(l.topk_weights.bytes, 262144u);
+  // src_index: 128 experts * 2 ranks * 8192 tokens * 4 = 8388608 = 2048 pages.
+  EXPECT_EQ(l.src_index.offset, 14915 * kPage);
+  EXPECT_EQ(l.src_index.bytes, 8388608u);
+  // pool_source: 131328 rows * 8 = 1050624 bytes = 256.5 pages, so the next region starts 257 pages on.
+  EXPECT_EQ(l.pool_source.offset, 16963 * kPage);
+  EXPECT_EQ(l.pool_source.bytes, 1050624u);
+  // pool_weight: 131328 * 4 = 525312 = 128.25 pages -> 129.
+  EXPECT_EQ(l.pool_weight.offset, 17220 * kPage);
+  EXPECT_EQ(l.pool_weight.bytes, 525312u);
+  // l1_pool: 131328 rows * 7168 bytes = 941359104 = 229824 pages.
+  EXPECT_EQ(l.l1_pool.offset, 17349 * kPage);
+  EXPECT_EQ(l.l1_pool.bytes, 941359104u);
+  // l1_pool_scales: 131328 * 56 * 4 = 29417472 = 7182 pages.
+  EXPECT_EQ(l.l1_pool_scales.offset, 247173 * kPage);
+  EXPECT_EQ(l.l1_pool_scales.bytes, 29417472u);
+  // l2_pool: 131328 * 2048 = 268959744 = 65664 pages.
+  EXPECT_EQ(l.l2_pool.offset, 254355 * kPage);
+  EXPECT_EQ(l.l2_pool.bytes, 268959744u);
+  // l2_pool_scales: 131328 * 16 * 4 = 8404992 = 2052 pages.
+  EXPECT_EQ(l.l2_pool_scales.offset, 320019 * kPage);
+  EXPECT_EQ(l.l2_pool_scales.bytes, 8404992u);
+  // shared_x_scales: 56 * 8192 * 4 = 1835008 = 448 pages.
+  EXPECT_EQ(l.shared_x_scales.offset, 322071 * kPage);
+  EXPECT_EQ(l.shared_x_scales.bytes, 1835008u);
+  // shared_l2: 8192 * 2048 = 16777216 = 4096 pages; its scales 16 * 8192 * 4 = 524288 = 128 pages.
+  EXPECT_EQ(l.shared_l2.offset, 322519 * kPage);
+  EXPECT_EQ(l.shared_l2.bytes, 16777216u);
+  EXPECT_EQ(l.shared_l2_scales.offset, 326615 * kPage);
+  EXPECT_EQ(l.shared_l2_scales.bytes, 524288u);
+  // combine: 8192 tokens * 9 slots * 7168 * 2 bytes = 1056964608 = 258048 pages.
+  EXPECT_EQ(l.combine.offset, 326743 * kPage);
+  EXPECT_EQ(l.combine.bytes, 1056964608u);
+  // No front ring.
+  EXPECT_EQ(l.front_ring.offset, 584791 * kPage);
+  EXPECT_EQ(l.front_ring.bytes, 0u);
+  EXPECT_EQ(l.total_bytes, 584791 * kPage);  // 2395303936 bytes, about 2.23 GiB
+}
+
+TEST(BufferLayout, Bf16HasNoScaleRegions) {
+  const BufferLayout l = BufferLayout::make(small_problem(Recipe::bf16));
+  EXPECT_EQ(l.activation_bytes, 2u);
+  EXPECT_EQ(l.x_scales.bytes, 0u);
+  EXPECT_EQ(l.l1_pool_scales.bytes, 0u);
+  EXPECT_EQ(l.l2_pool_scales.bytes, 0u);
+  EXPECT_EQ(l.shared_x_scales.bytes, 0u);
+  EXPECT_EQ(l.shared_l2_scales.bytes, 0u);
+  // Activations take two bytes: x is 40 tokens (37 rounded up to 4) * 256 * 2.
+  EXPECT_EQ(l.x.bytes, 40u * 256u * 2u);
+
+  const BufferLayout fp8 = BufferLayout::make(small_problem(Recipe::fp8));
+  EXPECT_EQ(fp8.x.bytes, 40u * 256u);
+  EXPECT_EQ(fp8.x_scales.bytes, 40u * 2u * 4u);
+  EXPECT_EQ(fp8.pool_rows, 768u);
+  EXPECT_EQ(fp8.l1_pool_scales.bytes, 768u * 2u * 4u);
+  EXPECT_EQ(fp8.l2_pool_scales.bytes, 768u * 3u * 4u);
+  EXPECT_EQ(fp8.shared_x_scales.bytes, 40u * 2u * 4u);
+  EXPECT_EQ(fp8.shared_l2_scales.bytes, 40u * 6u * 4u);  // 2 shared experts * 384 = 768 channels = 6 blocks
+  // The fp8_fp4 recipe has fp8 activations, so the same activation regions.
+  const BufferLayout fp4 = BufferLayout::make(small_problem(Recipe::fp8_fp4));
+  EXPECT_EQ(fp4.total_bytes, fp8.total_bytes);
+}
+
+TEST(BufferLayout, NoSharedExpertsMeansNoSharedRegions) {
+  Problem p = small_problem(Recipe::fp8);
+  p.num_shared_experts = 0;
+  const BufferLayout l = BufferLayout::make(p);
+  EXPECT_EQ(l.shared_intermediate, 0u);
+  EXPECT_EQ(l.shared_x_scales.bytes, 0u);
+  EXPECT_EQ(l.shared_l2.bytes, 0u);
+  EXPECT_EQ(l.shared_l2_scales.bytes, 0u);
+}
+
+// Pointers into a real allocation: the extreme indices land inside their regions.
+TEST(BufferLayout, AccessorsStayInsideTheirRegions) {
+  for (Recipe recipe : {Recipe::fp8, Recipe::bf16}) {
+    const Problem p = small_problem(recipe);
+    const BufferLayout l = BufferLayout::make(p);
+    std::vector<uint8_t> buffer(l.total_bytes + kRegionAlign);
+    // Align the base like a device allocation.
+    uint8_t* base = buffer.data() + (kRegionAlign - reinterpret_cast<uintptr_t>(buffer.data()) % kRegionAlign);
+    auto offset_of = [base](const void* pointer) {
+      return static_cast<uint64_t>(static_cast<const uint8_t*>(pointer) - base);
+    };
+    const uint32_t ranks = static_cast<uint32_t>(p.num_ranks);
+    const uint32_t slots = static_cast<uint32_t>(p.combine_slots());
+    const uint32_t hidden = static_cast<uint32_t>(p.hidden);
+
+    EXPECT_EQ(offset_of(l.control_block(base)), l.control.offset);
+    EXPECT_EQ(offset_of(l.send_count(base)), l.control.offset + sizeof(ControlBlock));
+    EXPECT_EQ(offset_of(l.send_count(base) + p.num_experts), l.control.end());
+
+    EXPECT_EQ(offset_of(l.recv_count_ptr(base, 0, 0, ranks)), l.recv_count.offset);
+    EXPECT_EQ(offset_of(l.recv_count_ptr(base, l.experts_per_rank - 1, ranks - 1, ranks) + 1), l.recv_count.end());
+
+    EXPECT_EQ(offset_of(l.src_index_ptr(base, 0, 0, ranks)), l.src_index.offset);
+    EXPECT_EQ(offset_of(l.src_index_ptr(base, l.experts_per_rank - 1, ranks - 1, ranks) + l.max_tokens),
+              l.src_index.end());
+    // Neighbouring (expert, rank) lists do not overlap.
+    EXPECT_EQ(l.src_index_ptr(base, 0, 1, ranks) - l.src_index_ptr(base, 0, 0, ranks), l.max_tokens);
+    EXPECT_EQ(l.src_index_ptr(base, 1, 0, ranks) - l.src_index_ptr(base, 0, 0, ranks), ranks * l.max_tokens);
+
+    EXPECT_EQ(offset_of(l.combine_slot(base, 0, 0, slots, hidden)), l.combine.offset);
+    EXPECT_EQ(offset_of(l.combine_slot(base, l.max_tokens - 1, slots - 1, slots, hidden) + hidden), l.combine.end());
+    EXPECT_EQ(l.combine_slot(base, 0, 1, slots, hidden) - l.combine_slot(base, 0, 0, slots, hidden), hidden);
+
+    // Every region's start is aligned in memory, not just as an offset.
+    for (const auto& [name, field] : regions_in_order()) {
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(BufferLayout::at<uint8_t>(base, l.*field)) % kRegionAlign, 0u) << name;
+    }
+    // The regions cover the whole allocation once: their ends never pass total_bytes.
+    EXPECT_LE(l.front_ring.end(), l.total_bytes);
+  }
+}
+
+}  // namespace
+}  // namespace megamoe
