@@ -54,7 +54,8 @@ struct PoolSource {
 // Codes of the device error record (DeviceError::code).
 enum DeviceErrorCode : uint32_t {
   kDeviceOk = 0,
-  kDeviceTimeout = 1,           // a spin-wait gave up: `site`, `peer`, `expected`, `seen` say on what
+  kDeviceTimeout = 1,           // a spin-wait gave up: `site`, `peer`, `expected`, `seen` say on what, `detail` = the
+                                //   timeout in ms (except kWaitGemmStage, whose `detail` is the stage)
   kDeviceBadExpertId = 2,       // topk_idx held an id outside [-1, num_experts): `seen` = id, `detail` = token
   kDeviceSlotOverflow = 3,      // more routes to one (expert, source rank) than a token count allows
   kDeviceTooManyTokens = 4,     // a call's token count exceeded max_tokens_per_rank

@@ -5,7 +5,10 @@
 // on this GPU), so every flag another rank reads is accessed at system scope. A release store or
 // release RMW publishes every write this thread has made or has observed (including its block's
 // writes ordered by a __syncthreads before it); an acquire load that sees the value makes them visible
-// to the loading thread and, after a __syncthreads, to its block.
+// to the loading thread and, after a __syncthreads, to its block. Writes made with TMA (the async
+// proxy) are covered only once complete (cp.async.bulk.wait_group 0) and fenced with
+// fence.proxy.async before the release; data acquired here and then read with TMA needs a
+// fence.proxy.async after the acquire.
 //
 // Timeouts: no spin-wait here waits forever. After SymmView::timeout_ns it records a kDeviceTimeout
 // (site, peer, expected and seen value, timeout in ms as `detail`) in this rank's ControlBlock and

@@ -29,7 +29,7 @@ struct GemmOperands {
   GroupRows groups;
   uint32_t expected_rows_per_group = 0;  // picks the token tile (BLOCK_N)
   uint64_t timeout_ns = 0;
-  DeviceError* error = nullptr;  // where a stuck pipeline is recorded (nullable)
+  ControlBlock* control = nullptr;  // where a stuck pipeline is recorded (nullable)
   uint32_t rank = 0;             // for that record
 };
 

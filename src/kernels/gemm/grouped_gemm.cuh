@@ -58,6 +58,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     consume_tile<Config>(smem, ring, tile, args, math_warpgroup, lane, acc);
     epilogue.apply(smem, tile, acc, math_warpgroup, warp, lane, math_thread);
   }
+  // Results may have gone to peers' buffers: make them visible system-wide before whatever barrier
+  // the next kernel crosses.
+  __threadfence_system();
 }
 
 }  // namespace megamoe::gemm

@@ -50,7 +50,7 @@ void launch_config(const GemmOperands& operands, const Epilogue& epilogue, int g
   args.m_tiles = (operands.n_out + Config::kBlockM - 1) / Config::kBlockM;
   args.groups = operands.groups;
   args.weight_scales = operands.weight_scales;
-  args.watch = PipelineWatch{operands.error, operands.rank, operands.timeout_ns};
+  args.watch = PipelineWatch{operands.control, operands.rank, operands.timeout_ns};
 
   auto kernel = grouped_gemm_kernel<Config, Epilogue>;
   static const bool configured = [&] {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "kernels/comm/sync.cuh"
 #include "kernels/gemm/scheduler.cuh"
 #include "megamoe/config.h"
 #include "megamoe/layout.h"
@@ -110,7 +111,7 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
 
 // Where a pipeline wait records that it gave up.
 struct PipelineWatch {
-  DeviceError* error;  // nullable
+  ControlBlock* control;  // nullable
   uint32_t rank;
   uint64_t timeout_ns;
 };
@@ -124,21 +125,20 @@ __device__ __forceinline__ void wait_barrier(uint64_t* barrier, uint32_t parity,
   if (cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) return;
   const uint64_t start = global_timer_ns();
   while (!cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) {
-    if (watch.error == nullptr) continue;
-    volatile uint32_t* code = &watch.error->code;
-    if (*code != kDeviceOk) return;
+    if (watch.control == nullptr) continue;
+    if (*static_cast<volatile uint32_t*>(&watch.control->error.code) != kDeviceOk) return;
     if (global_timer_ns() - start > watch.timeout_ns) {
-      if (atomicCAS(&watch.error->code, kDeviceOk, kDeviceTimeout) == kDeviceOk) {
-        watch.error->site = kWaitGemmStage;
-        watch.error->rank = watch.rank;
-        watch.error->block = blockIdx.x;
-        watch.error->thread = threadIdx.x;
-        watch.error->peer = watch.rank;
-        watch.error->detail = stage;
-        watch.error->expected = parity;
-        watch.error->seen = parity ^ 1;
-        __threadfence_system();
-      }
+      DeviceError error{};
+      error.code = kDeviceTimeout;
+      error.site = kWaitGemmStage;
+      error.rank = watch.rank;
+      error.block = blockIdx.x;
+      error.thread = threadIdx.x;
+      error.peer = watch.rank;
+      error.detail = stage;
+      error.expected = parity;
+      error.seen = parity ^ 1;
+      device::record_error(watch.control, error);
       return;
     }
   }

@@ -1,0 +1,49 @@
+// The whole MoE layer on GPUs: inline dispatch, experts (L1 -> SwiGLU x route weight -> re-quantize
+// -> L2), combine. One call per rank, on a CUDA stream; every rank of the group calls it for the
+// same layer. No host synchronization and no allocation: a call can be captured in a CUDA graph and
+// replayed with new inputs written to the same tensors.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "megamoe/comm.h"
+#include "megamoe/tensor.h"
+
+namespace megamoe {
+
+// This rank's inputs for one call, in device memory. num_tokens may differ across ranks and may be 0.
+struct LayerInputs {
+  int32_t num_tokens = 0;
+  TensorView x;             // [num_tokens, hidden]: e4m3 (fp8 recipe) or bf16
+  TensorView x_scales;      // [num_tokens, hidden / 128] f32 (fp8 recipe only)
+  TensorView topk_idx;      // [num_tokens, top_k] i32: global expert ids, -1 = masked route
+  TensorView topk_weights;  // [num_tokens, top_k] f32
+};
+
+// This rank's expert weights in the transformed layout (weights.h), in device memory.
+struct LayerWeights {
+  TensorView w1;         // [experts_per_rank, 2I, hidden]
+  TensorView w1_scales;  // fp8: [experts_per_rank, 2I / 64, hidden / 128] f32
+  TensorView w2;         // [experts_per_rank, hidden, I]
+  TensorView w2_scales;  // fp8: [experts_per_rank, hidden / 64, I / 128] f32
+  // The shared experts concatenated into one (concat_shared_experts), when num_shared_experts > 0.
+  TensorView shared_w1;         // [1, 2SI, hidden]
+  TensorView shared_w1_scales;  // fp8: [1, 2SI / 64, hidden / 128]
+  TensorView shared_w2;         // [1, hidden, SI]
+  TensorView shared_w2_scales;  // fp8: [1, hidden / 64, SI / 128]
+};
+
+// Views of the buffer's own input regions: a caller that writes x, x_scales and topk_weights there
+// saves the copy the layer otherwise makes (peers read these rows from this rank's buffer).
+LayerInputs buffer_input_views(const SymmBuffer& buffer, int32_t num_tokens, const TensorView& topk_idx);
+
+// y: [num_tokens, hidden] bf16. recv_stats (optional): [experts_per_rank] i64, to which each call adds
+// the routes every local expert received (for expert-load balancing).
+// Errors found on the device (an expert id outside [-1, num_experts), a stuck wait) are recorded in
+// the buffer; SymmBuffer::check_device_error reports them.
+void fp8_mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
+                  cudaStream_t stream, const TensorView& recv_stats = {});
+void bf16_mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
+                   cudaStream_t stream, const TensorView& recv_stats = {});
+
+}  // namespace megamoe

@@ -1,0 +1,22 @@
+// Return-code checks for CUDA and NCCL calls: every failure becomes a megamoe::Error naming the call.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+namespace megamoe::comm_detail {
+
+[[noreturn]] void throw_cuda_error(cudaError_t status, const char* call);
+
+inline void check_cuda(cudaError_t status, const char* call) {
+  if (status != cudaSuccess) throw_cuda_error(status, call);
+}
+
+// `comm` (may be null) adds NCCL's last error text; a non-blocking communicator's ncclInProgress is
+// waited out, so callers see only success or a real failure.
+void check_nccl(ncclResult_t status, const char* call, ncclComm_t comm);
+
+}  // namespace megamoe::comm_detail
+
+#define MEGAMOE_CHECK_CUDA(call) ::megamoe::comm_detail::check_cuda((call), #call)
+#define MEGAMOE_CHECK_NCCL(call, comm) ::megamoe::comm_detail::check_nccl((call), #call, (comm))

@@ -1,0 +1,89 @@
+// Host side of the device error record: the spin-wait timeout and the words for a recorded error.
+#include <cerrno>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+
+#include "megamoe/comm.h"
+#include "megamoe/error.h"
+
+namespace megamoe {
+
+namespace {
+
+constexpr uint64_t kDefaultTimeoutMs = 5000;
+constexpr uint64_t kMaxTimeoutMs = 1000000000;  // about 11 days: beyond that a typo is likelier than intent
+
+// What a spin-wait at `site` was waiting for, and the name of the value it compared. Waits between
+// ranks or blocks put their timeout (ms) in `detail`; a GEMM pipeline wait puts its stage there.
+struct SiteWords {
+  std::string phrase;
+  const char* unit;
+  bool detail_is_timeout = true;
+};
+
+SiteWords site_words(const DeviceError& error) {
+  const std::string peer = std::to_string(error.peer);
+  switch (error.site) {
+    case kWaitGridBarrier: return {"at the grid barrier", "generation"};
+    case kWaitRankBarrier: return {"at the cross-rank barrier for rank " + peer, "epoch"};
+    case kWaitRecvCount: return {"for the receive counts from rank " + peer, "count"};
+    case kWaitPoolReady: return {"for a pool block to be filled", "value"};
+    case kWaitFrontRouteReady: return {"for a front-ring slot's routes", "value"};
+    case kWaitFrontLayoutReady: return {"for a front-ring slot's layout", "value"};
+    case kWaitFrontConsumed: return {"for a front-ring slot to be consumed", "value"};
+    case kWaitTest: return {"on a test flag from rank " + peer, "value"};
+    case kWaitGemmStage: return {"for GEMM pipeline stage " + std::to_string(error.detail), "parity", false};
+    default: return {"at unknown wait site " + std::to_string(error.site) + " (peer " + peer + ")", "value"};
+  }
+}
+
+}  // namespace
+
+uint64_t default_timeout_ns() {
+  const char* text = std::getenv("MEGAMOE_TIMEOUT_MS");
+  if (text == nullptr || text[0] == '\0') return kDefaultTimeoutMs * 1000000ull;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long ms = std::strtoull(text, &end, 10);
+  const bool whole_number = text[0] >= '0' && text[0] <= '9' && *end == '\0' && errno == 0;
+  require(whole_number && ms >= 1 && ms <= kMaxTimeoutMs, "MEGAMOE_TIMEOUT_MS",
+          "must be a whole number of milliseconds in [1, ", kMaxTimeoutMs, "], got '", text, "'");
+  return static_cast<uint64_t>(ms) * 1000000ull;
+}
+
+std::string describe(const DeviceError& error) {
+  std::ostringstream out;
+  out << "rank " << error.rank << ", block " << error.block << ", thread " << error.thread << ": ";
+  switch (error.code) {
+    case kDeviceOk:
+      out << "no error";
+      break;
+    case kDeviceTimeout: {
+      const SiteWords words = site_words(error);
+      out << "timed out";
+      if (words.detail_is_timeout) out << " after " << error.detail << " ms";
+      out << " waiting " << words.phrase << " (expected " << words.unit << " " << error.expected << ", saw "
+          << error.seen << ")";
+      break;
+    }
+    case kDeviceBadExpertId:
+      out << "token " << error.detail << " routes to expert id " << static_cast<int64_t>(static_cast<int32_t>(error.seen))
+          << ", outside [-1, num_experts)";
+      break;
+    case kDeviceSlotOverflow:
+      out << "more routes to one (expert, source rank) than a token count allows (at most " << error.expected
+          << ", saw " << error.seen << ")";
+      break;
+    case kDeviceTooManyTokens:
+      out << "the call passed " << error.seen << " tokens, more than max_tokens_per_rank (" << error.expected << ")";
+      break;
+    default:
+      out << "unknown device error code " << error.code << " (site " << error.site << ", peer " << error.peer
+          << ", detail " << error.detail << ", expected " << error.expected << ", seen " << error.seen << ")";
+      break;
+  }
+  return out.str();
+}
+
+}  // namespace megamoe

@@ -1,0 +1,66 @@
+// Combine: y[token] = BF16(sum over the token's written combine slots, in FP32, in slot order).
+// Route weights were applied in L1, so slots add as they are. A masked route (-1) wrote no slot and
+// adds nothing; the shared experts' slot (top_k) adds when there are shared experts.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "megamoe/layout.h"
+#include "megamoe/problem.h"
+
+namespace megamoe::combine {
+
+struct CombineArgs {
+  const uint16_t* slots;    // this rank's combine region: [max_tokens][top_k + 1][hidden] bf16
+  const int32_t* topk_idx;  // [num_tokens][top_k]
+  uint16_t* y;              // [num_tokens][hidden] bf16
+  int32_t num_tokens;
+  int32_t top_k;
+  int32_t num_experts;
+  int32_t hidden;
+  bool shared;
+};
+
+__device__ __forceinline__ void add_bf16x8(float (&sum)[8], const uint4& packed) {
+  const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    sum[2 * i] += __uint_as_float(words[i] << 16);
+    sum[2 * i + 1] += __uint_as_float(words[i] & 0xFFFF0000u);
+  }
+}
+
+// A warp per token; each lane sums 8 features (16 bytes) of every slot at a time.
+__global__ void combine_kernel(const CombineArgs a) {
+  const uint32_t lane = threadIdx.x % 32;
+  const uint32_t warps = blockDim.x / 32;
+  const uint32_t slots_per_token = static_cast<uint32_t>(a.top_k) + 1;
+  const uint32_t vectors = static_cast<uint32_t>(a.hidden) / 8;
+  for (uint32_t token = blockIdx.x * warps + threadIdx.x / 32; token < static_cast<uint32_t>(a.num_tokens);
+       token += gridDim.x * warps) {
+    uint32_t written = 0;  // bit s: slot s holds a result
+    for (int32_t k = 0; k < a.top_k; ++k) {
+      const int32_t expert = a.topk_idx[token * a.top_k + k];
+      if (expert >= 0 && expert < a.num_experts) written |= 1u << k;
+    }
+    if (a.shared) written |= 1u << a.top_k;
+    const uint4* token_slots = reinterpret_cast<const uint4*>(a.slots + uint64_t{token} * slots_per_token * a.hidden);
+    uint4* out = reinterpret_cast<uint4*>(a.y + uint64_t{token} * a.hidden);
+    for (uint32_t v = lane; v < vectors; v += 32) {
+      float sum[8] = {};
+      for (uint32_t s = 0; s < slots_per_token; ++s)
+        if (written & (1u << s)) add_bf16x8(sum, token_slots[uint64_t{s} * vectors + v]);
+      uint32_t words[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const __nv_bfloat162 pair = __floats2bfloat162_rn(sum[2 * i], sum[2 * i + 1]);
+        words[i] = *reinterpret_cast<const uint32_t*>(&pair);
+      }
+      out[v] = make_uint4(words[0], words[1], words[2], words[3]);
+    }
+  }
+}
+
+}  // namespace megamoe::combine

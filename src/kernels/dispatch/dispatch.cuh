@@ -1,0 +1,232 @@
+// Inline dispatch as a counting sort on the GPU (seed 001), in three kernels:
+//   count_and_scatter  each block counts its routes per global expert in shared memory, takes its
+//                      offsets from per-expert atomics, then scatters `token * top_k + k` into the
+//                      owner rank's src_index table [local expert][source rank][slot] over NVLink;
+//   publish_counts     one block sends each owner the number of routes this rank sent to each of
+//                      its experts, then crosses the rank barrier;
+//   pull               each owner turns the received counts into expert row offsets (prefix sums)
+//                      and pulls every routed token row, its scales and route weight from its source
+//                      rank into the expert-major pool, recording where it came from.
+// The host never reads a count.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/comm/pull.cuh"
+#include "kernels/comm/sync.cuh"
+#include "megamoe/comm.h"
+#include "megamoe/layout.h"
+#include "megamoe/problem.h"
+
+namespace megamoe::dispatch {
+
+struct DispatchArgs {
+  SymmView view;
+  BufferLayout layout;
+  Problem problem;
+  int32_t num_tokens;
+  const int32_t* topk_idx;  // this rank's [num_tokens][top_k]
+  int64_t* recv_stats;      // nullable: [experts_per_rank], accumulated
+};
+
+__device__ __forceinline__ void record_input_error(const DispatchArgs& a, uint32_t code, uint32_t route,
+                                                   int64_t seen) {
+  DeviceError error{};
+  error.code = code;
+  error.rank = static_cast<uint32_t>(a.view.rank);
+  error.block = blockIdx.x;
+  error.thread = threadIdx.x;
+  error.detail = route;
+  error.seen = static_cast<uint64_t>(seen);
+  error.expected = static_cast<uint64_t>(code == kDeviceBadExpertId ? a.problem.num_experts : a.layout.max_tokens);
+  device::record_error(a.layout.control_block(a.view.local()), error);
+}
+
+// Dynamic shared memory: num_experts u32 counters.
+__global__ void count_and_scatter(const DispatchArgs a) {
+  extern __shared__ uint32_t expert_cursor[];
+  const uint32_t num_experts = static_cast<uint32_t>(a.problem.num_experts);
+  const uint32_t experts_per_rank = a.layout.experts_per_rank;
+  const uint32_t routes = static_cast<uint32_t>(a.num_tokens) * static_cast<uint32_t>(a.problem.top_k);
+  const uint32_t per_block = (routes + gridDim.x - 1) / gridDim.x;
+  const uint32_t begin = blockIdx.x * per_block;
+  const uint32_t end = begin + per_block < routes ? begin + per_block : routes;
+
+  for (uint32_t e = threadIdx.x; e < num_experts; e += blockDim.x) expert_cursor[e] = 0;
+  __syncthreads();
+  for (uint32_t route = begin + threadIdx.x; route < end; route += blockDim.x) {
+    const int32_t expert = a.topk_idx[route];
+    if (expert == -1) continue;
+    if (expert < -1 || expert >= static_cast<int32_t>(num_experts)) {
+      record_input_error(a, kDeviceBadExpertId, route, expert);
+      continue;
+    }
+    atomicAdd(&expert_cursor[expert], 1u);
+  }
+  __syncthreads();
+  // This block's first slot in each (expert, this rank) table.
+  uint64_t* send_count = a.layout.send_count(a.view.local());
+  for (uint32_t e = threadIdx.x; e < num_experts; e += blockDim.x) {
+    if (expert_cursor[e] == 0) continue;
+    expert_cursor[e] = static_cast<uint32_t>(
+        atomicAdd(reinterpret_cast<unsigned long long*>(send_count + e), static_cast<unsigned long long>(expert_cursor[e])));
+  }
+  __syncthreads();
+  const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
+  for (uint32_t route = begin + threadIdx.x; route < end; route += blockDim.x) {
+    const int32_t expert = a.topk_idx[route];
+    if (expert < 0 || expert >= static_cast<int32_t>(num_experts)) continue;
+    const uint32_t slot = atomicAdd(&expert_cursor[expert], 1u);
+    if (slot >= a.layout.max_tokens) {  // only repeated experts within tokens can get here
+      record_input_error(a, kDeviceSlotOverflow, route, slot);
+      continue;
+    }
+    const uint32_t owner = static_cast<uint32_t>(expert) / experts_per_rank;
+    uint32_t* table = a.layout.src_index_ptr(a.view.local(), static_cast<uint32_t>(expert) % experts_per_rank,
+                                             static_cast<uint32_t>(a.view.rank), num_ranks);
+    *a.view.map(table + slot, static_cast<int32_t>(owner)) = route;
+  }
+  // Make the scattered indices visible system-wide before the publishing kernel's barrier.
+  __threadfence_system();
+}
+
+// One block. Sends this rank's per-expert route counts to the owners, resets the send counters for
+// the next call, then waits until every rank has done the same.
+__global__ void publish_counts(const DispatchArgs a) {
+  const uint32_t num_experts = static_cast<uint32_t>(a.problem.num_experts);
+  const uint32_t experts_per_rank = a.layout.experts_per_rank;
+  const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
+  uint64_t* send_count = a.layout.send_count(a.view.local());
+  for (uint32_t e = threadIdx.x; e < num_experts; e += blockDim.x) {
+    const uint32_t count = static_cast<uint32_t>(send_count[e]);
+    send_count[e] = 0;
+    uint32_t* slot = a.layout.recv_count_ptr(a.view.local(), e % experts_per_rank,
+                                             static_cast<uint32_t>(a.view.rank), num_ranks);
+    *a.view.map(slot, static_cast<int32_t>(e / experts_per_rank)) = count;
+  }
+  __threadfence_system();
+  device::rank_barrier(a.view, a.layout);
+}
+
+// Where each pool row of this rank comes from: the (local expert, source rank) segment holding it.
+struct PoolSegments {
+  const uint32_t* segment_begin;  // shared memory, [experts_per_rank * num_ranks + 1] pool rows
+  uint32_t num_segments;
+  uint32_t num_ranks;
+
+  __device__ uint32_t find(uint32_t row) const {  // the last segment starting at or before `row`
+    uint32_t low = 0, high = num_segments - 1;
+    while (low < high) {
+      const uint32_t mid = (low + high + 1) / 2;
+      if (segment_begin[mid] <= row) low = mid;
+      else high = mid - 1;
+    }
+    return low;
+  }
+};
+
+// Builds segment_begin[] (and expert_rows in the buffer from block 0) from the received counts.
+__device__ void build_segments(const DispatchArgs& a, uint32_t* segment_begin) {
+  const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
+  const uint32_t segments = a.layout.experts_per_rank * num_ranks;
+  const uint32_t* recv_count = a.layout.recv_count_ptr(a.view.local(), 0, 0, num_ranks);
+  if (threadIdx.x < 32) {
+    uint32_t running = 0;
+    for (uint32_t base = 0; base < segments; base += 32) {
+      const uint32_t s = base + threadIdx.x;
+      const uint32_t count = s < segments ? recv_count[s] : 0;
+      uint32_t inclusive = count;
+#pragma unroll
+      for (int offset = 1; offset < 32; offset <<= 1) {
+        const uint32_t other = __shfl_up_sync(0xFFFFFFFFu, inclusive, offset);
+        if (threadIdx.x >= static_cast<uint32_t>(offset)) inclusive += other;
+      }
+      if (s < segments) segment_begin[s] = running + inclusive - count;
+      running += __shfl_sync(0xFFFFFFFFu, inclusive, 31);
+    }
+    if (threadIdx.x == 0) segment_begin[segments] = running;
+  }
+  __syncthreads();
+  if (blockIdx.x == 0) {
+    uint32_t* expert_rows = BufferLayout::at<uint32_t>(a.view.local(), a.layout.expert_rows);
+    for (uint32_t e = threadIdx.x; e <= a.layout.experts_per_rank; e += blockDim.x) {
+      expert_rows[e] = segment_begin[e * num_ranks];
+      if (a.recv_stats != nullptr && e < a.layout.experts_per_rank)
+        a.recv_stats[e] += segment_begin[(e + 1) * num_ranks] - segment_begin[e * num_ranks];
+    }
+  }
+}
+
+// Copies of one pool row's pieces; the row itself moves with pull_rows_vector.
+struct PoolRowMap {
+  const DispatchArgs* a;
+  const PoolSegments* segments;
+  uint32_t row_bytes;
+
+  __device__ device::RowPair operator()(uint32_t row) const {
+    const uint32_t num_ranks = segments->num_ranks;
+    const uint32_t segment = segments->find(row);
+    const uint32_t expert = segment / num_ranks, src_rank = segment % num_ranks;
+    const uint32_t token_topk =
+        a->layout.src_index_ptr(a->view.local(), expert, src_rank, num_ranks)[row - segments->segment_begin[segment]];
+    const uint32_t token = token_topk / static_cast<uint32_t>(a->problem.top_k);
+    const char* source_buffer = a->view.peers[src_rank];
+    return {source_buffer + a->layout.x.offset + static_cast<uint64_t>(token) * row_bytes,
+            a->view.local() + a->layout.l1_pool.offset + static_cast<uint64_t>(row) * row_bytes};
+  }
+};
+
+// Dynamic shared memory: (experts_per_rank * num_ranks + 1) u32.
+__global__ void pull(const DispatchArgs a) {
+  extern __shared__ uint32_t segment_begin[];
+  build_segments(a, segment_begin);
+  const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
+  const PoolSegments segments{segment_begin, a.layout.experts_per_rank * num_ranks, num_ranks};
+  const uint32_t total_rows = segment_begin[segments.num_segments];
+  const uint32_t row_bytes = static_cast<uint32_t>(a.problem.hidden) * a.layout.activation_bytes;
+  const uint32_t lane = threadIdx.x % 32;
+  const uint32_t warps = blockDim.x / 32;
+  const uint32_t first_warp = blockIdx.x * warps + threadIdx.x / 32;
+  const uint32_t total_warps = gridDim.x * warps;
+
+  const PoolRowMap rows{&a, &segments, row_bytes};
+  device::pull_rows_vector<4>(rows, first_warp, total_rows, total_warps, row_bytes, lane);
+
+  // Per row: scales (transposed to K-block-major), route weight and source.
+  const uint32_t hidden_blocks = a.layout.hidden_blocks;
+  const bool scaled = a.problem.recipe != Recipe::bf16;
+  float* pool_scales = BufferLayout::at<float>(a.view.local(), a.layout.l1_pool_scales);
+  float* pool_weight = BufferLayout::at<float>(a.view.local(), a.layout.pool_weight);
+  PoolSource* pool_source = BufferLayout::at<PoolSource>(a.view.local(), a.layout.pool_source);
+  for (uint32_t row = first_warp; row < total_rows; row += total_warps) {
+    const uint32_t segment = segments.find(row);
+    const uint32_t src_rank = segment % num_ranks;
+    const uint32_t token_topk =
+        a.layout.src_index_ptr(a.view.local(), segment / num_ranks, src_rank, num_ranks)[row - segment_begin[segment]];
+    const uint32_t token = token_topk / static_cast<uint32_t>(a.problem.top_k);
+    const char* source_buffer = a.view.peers[src_rank];
+    if (scaled) {
+      const float* source_scales =
+          reinterpret_cast<const float*>(source_buffer + a.layout.x_scales.offset) + uint64_t{token} * hidden_blocks;
+      for (uint32_t kb = lane; kb < hidden_blocks; kb += 32)
+        pool_scales[uint64_t{kb} * a.layout.pool_rows + row] = source_scales[kb];
+    }
+    if (lane == 0) {
+      pool_weight[row] = reinterpret_cast<const float*>(source_buffer + a.layout.topk_weights.offset)[token_topk];
+      pool_source[row] = PoolSource{src_rank, token_topk};
+    }
+  }
+
+  // The shared experts read this rank's own tokens: their scales, K-block-major.
+  if (scaled && a.problem.num_shared_experts > 0) {
+    const float* x_scales = BufferLayout::at<float>(a.view.local(), a.layout.x_scales);
+    float* shared_scales = BufferLayout::at<float>(a.view.local(), a.layout.shared_x_scales);
+    const uint32_t count = static_cast<uint32_t>(a.num_tokens) * hidden_blocks;
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) {
+      const uint32_t token = i / hidden_blocks, kb = i % hidden_blocks;
+      shared_scales[uint64_t{kb} * a.layout.max_tokens + token] = x_scales[i];
+    }
+  }
+}
+
+}  // namespace megamoe::dispatch

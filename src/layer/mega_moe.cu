@@ -1,0 +1,216 @@
+// The staged MoE layer: the dispatch, GEMM and combine building blocks issued on one stream.
+//   copy inputs into the buffer -> count_and_scatter -> publish_counts (rank barrier) -> pull
+//   -> L1 (routed, shared) -> L2 (routed to the source ranks' slots, shared to our own)
+//   -> rank barrier -> combine
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
+#include "comm/rank_barrier.h"
+#include "kernels/combine/combine.cuh"
+#include "kernels/dispatch/dispatch.cuh"
+#include "kernels/gemm/gemm.h"
+#include "megamoe/error.h"
+#include "megamoe/layer.h"
+
+namespace megamoe {
+namespace {
+
+constexpr int kDispatchThreads = 512;
+constexpr int kPullThreads = 512;
+constexpr int kCombineThreads = 256;
+
+void cuda_ok(cudaError_t status, const char* what) {
+  require(status == cudaSuccess, what, "failed: ", cudaGetErrorString(status));
+}
+
+void check_weights(const Problem& p, const LayerWeights& w) {
+  const bool scaled = p.recipe == Recipe::fp8;
+  const DType act = activation_dtype(p.recipe);
+  const int64_t e = p.experts_per_rank(), h = p.hidden, i = p.intermediate;
+  check_tensor(w.w1, "weights.w1", act, {e, 2 * i, h}, Device::cuda);
+  check_tensor(w.w2, "weights.w2", act, {e, h, i}, Device::cuda);
+  if (scaled) {
+    check_tensor(w.w1_scales, "weights.w1_scales", DType::f32, {e, 2 * i / 64, h / 128}, Device::cuda);
+    check_tensor(w.w2_scales, "weights.w2_scales", DType::f32, {e, h / 64, i / 128}, Device::cuda);
+  }
+  if (p.num_shared_experts == 0) return;
+  const int64_t si = int64_t{p.num_shared_experts} * i;
+  check_tensor(w.shared_w1, "weights.shared_w1", act, {1, 2 * si, h}, Device::cuda);
+  check_tensor(w.shared_w2, "weights.shared_w2", act, {1, h, si}, Device::cuda);
+  if (scaled) {
+    check_tensor(w.shared_w1_scales, "weights.shared_w1_scales", DType::f32, {1, 2 * si / 64, h / 128}, Device::cuda);
+    check_tensor(w.shared_w2_scales, "weights.shared_w2_scales", DType::f32, {1, h / 64, si / 128}, Device::cuda);
+  }
+}
+
+void check_inputs(const Problem& p, const LayerInputs& in, const TensorView& y, const TensorView& recv_stats) {
+  require(in.num_tokens >= 0 && in.num_tokens <= p.max_tokens_per_rank, "inputs.num_tokens", "must be in [0, ",
+          p.max_tokens_per_rank, "] (the buffer's max_tokens_per_rank), got ", in.num_tokens);
+  const int64_t t = in.num_tokens;
+  check_tensor(in.x, "inputs.x", activation_dtype(p.recipe), {t, p.hidden}, Device::cuda);
+  if (p.recipe == Recipe::fp8) check_tensor(in.x_scales, "inputs.x_scales", DType::f32, {t, p.hidden / 128}, Device::cuda);
+  check_tensor(in.topk_idx, "inputs.topk_idx", DType::i32, {t, p.top_k}, Device::cuda);
+  check_tensor(in.topk_weights, "inputs.topk_weights", DType::f32, {t, p.top_k}, Device::cuda);
+  check_tensor(y, "y", DType::bf16, {t, p.hidden}, Device::cuda);
+  if (!recv_stats.empty())
+    check_tensor(recv_stats, "recv_stats", DType::i64, {p.experts_per_rank()}, Device::cuda);
+}
+
+// Copies `source` into the buffer region at `destination` unless the caller already wrote it there.
+void stage_input(const TensorView& source, char* destination, cudaStream_t stream) {
+  if (source.numel() == 0 || source.data == destination) return;
+  cuda_ok(cudaMemcpyAsync(destination, source.data, source.bytes(), cudaMemcpyDeviceToDevice, stream),
+          "copying inputs into the symmetric buffer");
+}
+
+gemm::GemmOperands routed_operands(const Problem& p, const BufferLayout& l, char* local, const void* weights,
+                                   const void* weight_scales, bool first_linear, uint32_t expected_rows) {
+  gemm::GemmOperands o;
+  o.recipe = p.recipe;
+  o.num_groups = l.experts_per_rank;
+  o.n_out = first_linear ? 2u * p.intermediate : static_cast<uint32_t>(p.hidden);
+  o.k = first_linear ? static_cast<uint32_t>(p.hidden) : static_cast<uint32_t>(p.intermediate);
+  o.weights = weights;
+  o.weight_scales = static_cast<const float*>(weight_scales);
+  o.acts = local + (first_linear ? l.l1_pool.offset : l.l2_pool.offset);
+  o.act_scales = p.recipe == Recipe::fp8
+                     ? BufferLayout::at<float>(local, first_linear ? l.l1_pool_scales : l.l2_pool_scales)
+                     : nullptr;
+  o.act_rows = l.pool_rows;
+  o.groups = gemm::GroupRows{BufferLayout::at<uint32_t>(local, l.expert_rows), l.experts_per_rank, 0};
+  o.expected_rows_per_group = expected_rows;
+  o.control = l.control_block(local);
+  o.rank = static_cast<uint32_t>(p.rank);
+  return o;
+}
+
+gemm::GemmOperands shared_operands(const Problem& p, const BufferLayout& l, char* local, const void* weights,
+                                   const void* weight_scales, bool first_linear, uint32_t num_tokens) {
+  gemm::GemmOperands o;
+  o.recipe = p.recipe;
+  o.num_groups = 1;
+  o.n_out = first_linear ? 2u * l.shared_intermediate : static_cast<uint32_t>(p.hidden);
+  o.k = first_linear ? static_cast<uint32_t>(p.hidden) : l.shared_intermediate;
+  o.weights = weights;
+  o.weight_scales = static_cast<const float*>(weight_scales);
+  o.acts = local + (first_linear ? l.x.offset : l.shared_l2.offset);
+  o.act_scales = p.recipe == Recipe::fp8
+                     ? BufferLayout::at<float>(local, first_linear ? l.shared_x_scales : l.shared_l2_scales)
+                     : nullptr;
+  o.act_rows = l.max_tokens;
+  o.groups = gemm::GroupRows{nullptr, 1, num_tokens};
+  o.expected_rows_per_group = num_tokens;
+  o.control = l.control_block(local);
+  o.rank = static_cast<uint32_t>(p.rank);
+  return o;
+}
+
+void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w, const TensorView& y,
+               cudaStream_t stream, const TensorView& recv_stats) {
+  const Problem& p = buffer.problem();
+  const BufferLayout& l = buffer.layout();
+  const SymmView& view = buffer.view();
+  char* local = buffer.local();
+  check_inputs(p, in, y, recv_stats);
+  check_weights(p, w);
+  const int grid = std::max(1, buffer.comm().sm_budget());
+
+  stage_input(in.x, local + l.x.offset, stream);
+  if (p.recipe == Recipe::fp8) stage_input(in.x_scales, local + l.x_scales.offset, stream);
+  stage_input(in.topk_weights, local + l.topk_weights.offset, stream);
+
+  dispatch::DispatchArgs args{view, l, p, in.num_tokens, in.topk_idx.as<int32_t>(),
+                              recv_stats.empty() ? nullptr : recv_stats.as<int64_t>()};
+  const size_t count_smem = sizeof(uint32_t) * p.num_experts;
+  dispatch::count_and_scatter<<<grid, kDispatchThreads, count_smem, stream>>>(args);
+  cuda_ok(cudaGetLastError(), "count_and_scatter launch");
+  dispatch::publish_counts<<<1, 1024, 0, stream>>>(args);
+  cuda_ok(cudaGetLastError(), "publish_counts launch");
+  const size_t pull_smem = sizeof(uint32_t) * (size_t{l.experts_per_rank} * p.num_ranks + 1);
+  dispatch::pull<<<grid, kPullThreads, pull_smem, stream>>>(args);
+  cuda_ok(cudaGetLastError(), "pull launch");
+
+  // Expected rows per local expert, assuming every rank routes like this one (tile choice only).
+  const uint32_t expected_rows = static_cast<uint32_t>(std::max<int64_t>(
+      1, int64_t{in.num_tokens} * p.num_ranks * p.top_k / std::max(1, p.num_experts)));
+  const uint64_t timeout_ns = view.timeout_ns;
+  auto with_timeout = [timeout_ns](gemm::GemmOperands o) {
+    o.timeout_ns = timeout_ns;
+    return o;
+  };
+  gemm::grouped_gemm_swiglu(
+      with_timeout(routed_operands(p, l, local, w.w1.data, w.w1_scales.data, true, expected_rows)),
+      gemm::SwigluOutput{local + l.l2_pool.offset,
+                         p.recipe == Recipe::fp8 ? BufferLayout::at<float>(local, l.l2_pool_scales) : nullptr,
+                         BufferLayout::at<float>(local, l.pool_weight), l.pool_rows},
+      grid, stream);
+  const bool shared = p.num_shared_experts > 0 && in.num_tokens > 0;
+  if (shared) {
+    gemm::grouped_gemm_swiglu(
+        with_timeout(shared_operands(p, l, local, w.shared_w1.data, w.shared_w1_scales.data, true,
+                                     static_cast<uint32_t>(in.num_tokens))),
+        gemm::SwigluOutput{local + l.shared_l2.offset,
+                           p.recipe == Recipe::fp8 ? BufferLayout::at<float>(local, l.shared_l2_scales) : nullptr,
+                           nullptr, l.max_tokens},
+        grid, stream);
+  }
+  gemm::grouped_gemm_store(
+      with_timeout(routed_operands(p, l, local, w.w2.data, w.w2_scales.data, false, expected_rows)),
+      gemm::RoutedDestination{view, l.combine.offset, BufferLayout::at<PoolSource>(local, l.pool_source),
+                              static_cast<uint32_t>(p.top_k), static_cast<uint32_t>(p.hidden)},
+      grid, stream);
+  if (shared) {
+    gemm::grouped_gemm_store(
+        with_timeout(shared_operands(p, l, local, w.shared_w2.data, w.shared_w2_scales.data, false,
+                                     static_cast<uint32_t>(in.num_tokens))),
+        gemm::SharedDestination{BufferLayout::at<uint16_t>(local, l.combine), static_cast<uint32_t>(p.top_k),
+                                static_cast<uint32_t>(p.hidden)},
+        grid, stream);
+  }
+
+  // Every rank's L2 results have landed in our combine slots once all ranks pass this barrier.
+  launch_rank_barrier(buffer, stream);
+  if (in.num_tokens > 0) {
+    combine::CombineArgs c{BufferLayout::at<uint16_t>(local, l.combine), in.topk_idx.as<int32_t>(),
+                           y.as<uint16_t>(), in.num_tokens, p.top_k, p.num_experts, p.hidden, p.num_shared_experts > 0};
+    combine::combine_kernel<<<grid, kCombineThreads, 0, stream>>>(c);
+    cuda_ok(cudaGetLastError(), "combine launch");
+  }
+}
+
+}  // namespace
+
+LayerInputs buffer_input_views(const SymmBuffer& buffer, int32_t num_tokens, const TensorView& topk_idx) {
+  const Problem& p = buffer.problem();
+  const BufferLayout& l = buffer.layout();
+  require(num_tokens >= 0 && num_tokens <= p.max_tokens_per_rank, "num_tokens", "must be in [0, ",
+          p.max_tokens_per_rank, "], got ", num_tokens);
+  char* local = buffer.local();
+  LayerInputs in;
+  in.num_tokens = num_tokens;
+  in.x = TensorView::contiguous(local + l.x.offset, activation_dtype(p.recipe), {num_tokens, p.hidden}, Device::cuda);
+  if (p.recipe == Recipe::fp8)
+    in.x_scales = TensorView::contiguous(local + l.x_scales.offset, DType::f32, {num_tokens, p.hidden / 128},
+                                         Device::cuda);
+  in.topk_idx = topk_idx;
+  in.topk_weights =
+      TensorView::contiguous(local + l.topk_weights.offset, DType::f32, {num_tokens, p.top_k}, Device::cuda);
+  return in;
+}
+
+void fp8_mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
+                  cudaStream_t stream, const TensorView& recv_stats) {
+  require(buffer.problem().recipe == Recipe::fp8, "buffer", "was made for recipe ", to_string(buffer.problem().recipe),
+          "; fp8_mega_moe needs fp8");
+  run_layer(buffer, inputs, weights, y, stream, recv_stats);
+}
+
+void bf16_mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
+                   cudaStream_t stream, const TensorView& recv_stats) {
+  require(buffer.problem().recipe == Recipe::bf16, "buffer", "was made for recipe ",
+          to_string(buffer.problem().recipe), "; bf16_mega_moe needs bf16");
+  run_layer(buffer, inputs, weights, y, stream, recv_stats);
+}
+
+}  // namespace megamoe

@@ -1,0 +1,83 @@
+#include "layer/layer_cases.h"
+
+#include <string>
+
+namespace megamoe::layer_test {
+namespace {
+
+std::vector<int32_t> tokens(int32_t ranks, std::vector<int32_t> pattern) {
+  std::vector<int32_t> result(ranks);
+  for (int32_t r = 0; r < ranks; ++r) result[r] = pattern[r % pattern.size()];
+  return result;
+}
+
+}  // namespace
+
+std::vector<LayerCase> cases_for_ranks(int32_t ranks) {
+  std::vector<LayerCase> cases;
+  for (Recipe recipe : {Recipe::fp8, Recipe::bf16}) {
+    const std::string suffix = recipe == Recipe::fp8 ? "_fp8" : "_bf16";
+    LayerCase basic;
+    basic.name = "basic_shared" + suffix;
+    basic.recipe = recipe;
+    basic.num_experts = 8 * ranks;
+    basic.top_k = 2;
+    basic.num_shared_experts = 1;
+    basic.tokens_per_rank = tokens(ranks, {128, 7});
+    cases.push_back(basic);
+
+    LayerCase sweep = basic;
+    sweep.name = "token_sweep" + suffix;
+    sweep.num_shared_experts = 0;
+    sweep.num_experts = 64;
+    sweep.top_k = 6;
+    sweep.tokens_per_rank = tokens(ranks, {4096, 0, 1000, 1, 128, 7});
+    cases.push_back(sweep);
+  }
+  LayerCase top1;
+  top1.name = "top1_every_route_on_one_expert";
+  top1.num_experts = 8 * ranks;
+  top1.top_k = 1;
+  top1.routing = Routing::one_expert;
+  top1.tokens_per_rank = tokens(ranks, {1000, 128});
+  cases.push_back(top1);
+
+  LayerCase top8;
+  top8.name = "top8_256_experts_masked";
+  top8.num_experts = 256;
+  top8.top_k = 8;
+  top8.hidden = 512;
+  top8.intermediate = 256;
+  top8.num_shared_experts = 1;
+  top8.masked_fraction = 0.3f;
+  top8.routing = Routing::zipf;
+  top8.tokens_per_rank = tokens(ranks, {128, 1000, 0});
+  cases.push_back(top8);
+
+  LayerCase repeated;
+  repeated.name = "hundred_calls";
+  repeated.num_experts = 64;
+  repeated.top_k = 8;
+  repeated.tokens_per_rank = tokens(ranks, {7, 128});
+  repeated.repeats = 100;
+  cases.push_back(repeated);
+
+  LayerCase graph;
+  graph.name = "cuda_graph_replay";
+  graph.num_experts = 64;
+  graph.top_k = 2;
+  graph.num_shared_experts = 1;
+  graph.tokens_per_rank = tokens(ranks, {128, 1});
+  graph.graph = true;
+  cases.push_back(graph);
+
+  LayerCase bad;
+  bad.name = "out_of_range_expert_id";
+  bad.num_experts = 8 * ranks;
+  bad.tokens_per_rank = tokens(ranks, {16});
+  bad.bad_expert_rank = ranks - 1;
+  cases.push_back(bad);
+  return cases;
+}
+
+}  // namespace megamoe::layer_test

@@ -1,0 +1,29 @@
+// The whole layer with 1, 2, 4 and 8 ranks emulated on one GPU, against the CPU reference.
+#include <gtest/gtest.h>
+
+#include "gpu_test_util.h"
+#include "layer/layer_cases.h"
+#include "megamoe/comm.h"
+
+namespace megamoe {
+namespace {
+
+class EmulatedLayer : public ::testing::TestWithParam<int> {};
+
+TEST_P(EmulatedLayer, EveryCase) {
+  MEGAMOE_SKIP_WITHOUT_GPU();
+  for (const layer_test::LayerCase& c : layer_test::cases_for_ranks(GetParam())) {
+    SCOPED_TRACE(c.name);
+    const auto data = layer_test::prepare(c);
+    EXPECT_EQ(run_ranks(GetParam(), LaunchMode::emulated,
+                        [&](Communicator& comm) { layer_test::run_rank(comm, *data); }),
+              0)
+        << "case " << c.name << ": ranks failed; see stderr";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, EmulatedLayer, ::testing::Values(1, 2, 4, 8),
+                         [](const auto& info) { return std::to_string(info.param) + "_ranks"; });
+
+}  // namespace
+}  // namespace megamoe

@@ -1,0 +1,31 @@
+// The whole layer with one process per GPU (NCCL), on 1 and 2 GPUs, against the CPU reference.
+// This process forks the ranks, so it never initializes CUDA itself (see tests/comm).
+#include <gtest/gtest.h>
+
+#include "comm/launcher.h"
+#include "layer/layer_cases.h"
+#include "megamoe/comm.h"
+
+namespace megamoe {
+namespace {
+
+class ProcessLayer : public ::testing::TestWithParam<int> {};
+
+TEST_P(ProcessLayer, EveryCase) {
+  static const int gpus = count_hopper_gpus_in_child();
+  if (gpus < GetParam()) GTEST_SKIP() << "needs " << GetParam() << " Hopper GPUs, found " << gpus;
+  for (const layer_test::LayerCase& c : layer_test::cases_for_ranks(GetParam())) {
+    SCOPED_TRACE(c.name);
+    const auto data = layer_test::prepare(c);
+    EXPECT_EQ(run_ranks(GetParam(), LaunchMode::processes,
+                        [&](Communicator& comm) { layer_test::run_rank(comm, *data); }),
+              0)
+        << "case " << c.name << ": ranks failed; see stderr";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpus, ProcessLayer, ::testing::Values(1, 2),
+                         [](const auto& info) { return std::to_string(info.param) + "_gpus"; });
+
+}  // namespace
+}  // namespace megamoe

@@ -1,0 +1,216 @@
+#include "layer/layer_scenarios.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <sstream>
+
+#include "megamoe/device_weights.h"
+#include "megamoe/error.h"
+#include "megamoe/formats.h"
+#include "megamoe/layer.h"
+
+namespace megamoe::layer_test {
+namespace {
+
+void cuda_ok(cudaError_t status, const char* what) {
+  require(status == cudaSuccess, what, "failed: ", cudaGetErrorString(status));
+}
+
+template <typename T>
+struct Device {
+  T* data = nullptr;
+  size_t count = 0;
+  explicit Device(size_t n) : count(n) { cuda_ok(cudaMalloc(&data, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc"); }
+  ~Device() { cudaFree(data); }
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+  void upload(const void* host, size_t bytes) {
+    if (bytes > 0) cuda_ok(cudaMemcpy(data, host, bytes, cudaMemcpyHostToDevice), "upload");
+  }
+};
+
+// This rank's input tensors, in device memory, refilled from a RankBatch.
+struct DeviceInputs {
+  Device<uint8_t> x;
+  Device<float> x_scales;
+  Device<int32_t> topk_idx;
+  Device<float> topk_weights;
+  LayerInputs view;
+
+  DeviceInputs(const Problem& p, int32_t tokens)
+      : x(size_t(tokens) * p.hidden * activation_bytes(p.recipe)),
+        x_scales(size_t(tokens) * (p.hidden / 128)),
+        topk_idx(size_t(tokens) * p.top_k),
+        topk_weights(size_t(tokens) * p.top_k) {
+    view.num_tokens = tokens;
+    view.x = TensorView::contiguous(x.data, activation_dtype(p.recipe), {tokens, p.hidden}, megamoe::Device::cuda);
+    if (p.recipe == Recipe::fp8)
+      view.x_scales = TensorView::contiguous(x_scales.data, DType::f32, {tokens, p.hidden / 128}, megamoe::Device::cuda);
+    view.topk_idx = TensorView::contiguous(topk_idx.data, DType::i32, {tokens, p.top_k}, megamoe::Device::cuda);
+    view.topk_weights = TensorView::contiguous(topk_weights.data, DType::f32, {tokens, p.top_k}, megamoe::Device::cuda);
+  }
+  void fill(const RankBatch& batch) {
+    x.upload(batch.x.data(), batch.x.size());
+    x_scales.upload(batch.x_scales.data(), batch.x_scales.size() * sizeof(float));
+    topk_idx.upload(batch.topk_idx.data(), batch.topk_idx.size() * sizeof(int32_t));
+    topk_weights.upload(batch.topk_weights.data(), batch.topk_weights.size() * sizeof(float));
+  }
+};
+
+Problem case_problem(const LayerCase& c) {
+  Problem p;
+  p.num_ranks = static_cast<int32_t>(c.tokens_per_rank.size());
+  p.num_experts = c.num_experts;
+  p.top_k = c.top_k;
+  p.hidden = c.hidden;
+  p.intermediate = c.intermediate;
+  p.num_shared_experts = c.num_shared_experts;
+  p.max_tokens_per_rank = std::max(1, *std::max_element(c.tokens_per_rank.begin(), c.tokens_per_rank.end()));
+  p.recipe = c.recipe;
+  return p;
+}
+
+void call_layer(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
+                cudaStream_t stream, const TensorView& stats) {
+  if (buffer.problem().recipe == Recipe::fp8) fp8_mega_moe(buffer, inputs, weights, y, stream, stats);
+  else bf16_mega_moe(buffer, inputs, weights, y, stream, stats);
+}
+
+// y against the reference: every element written (no poison left), normalized error within bound.
+void check_y(const CaseData& data, int32_t rank, const std::vector<uint16_t>& y) {
+  const std::vector<uint16_t>& want = data.reference.y[rank];
+  double diff = 0, norm = 0;
+  size_t worst = 0;
+  double worst_error = -1;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double got = bf16_to_float(y[i]), expected = bf16_to_float(want[i]);
+    require(!std::isnan(got), "y", "rank ", rank, " of case ", data.c.name, ": element ", i, " (token ",
+            i / data.problem.hidden, ") was not written or is NaN");
+    diff += (got - expected) * (got - expected);
+    norm += expected * expected;
+    if (std::fabs(got - expected) > worst_error) {
+      worst_error = std::fabs(got - expected);
+      worst = i;
+    }
+  }
+  const double error = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+  const double bound = data.problem.recipe == Recipe::fp8 ? 1e-2 : 5e-3;
+  std::printf("case %s rank %d: y normalized error %.3g over %zu values (bound %.0e)\n", data.c.name.c_str(), rank,
+              error, want.size(), bound);
+  if (error > bound) {
+    throw Error(detail::concat("y: rank ", rank, " of case ", data.c.name, ": normalized error ", error, " > ", bound,
+                               "; worst element ", worst, " (token ", worst / data.problem.hidden, ") got ",
+                               bf16_to_float(y[worst]), " want ", bf16_to_float(want[worst])));
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<CaseData> prepare(const LayerCase& c) {
+  auto data = std::make_unique<CaseData>();
+  data->c = c;
+  data->problem = case_problem(c);
+  validate(data->problem);
+  const uint64_t seed = std::random_device{}();
+  std::printf("case %s: seed %llu\n", c.name.c_str(), static_cast<unsigned long long>(seed));
+  data->weights = std::make_unique<SyntheticWeights>(data->problem, seed);
+  data->batches = synthetic_batches(data->problem, c.tokens_per_rank, c.routing, seed + 1, c.masked_fraction);
+  if (c.graph) {
+    data->first_batches = synthetic_batches(data->problem, c.tokens_per_rank, c.routing, seed + 2, c.masked_fraction);
+    const Problem& p = data->problem;
+    data->first_recv_counts.assign(p.num_ranks, std::vector<uint32_t>(p.experts_per_rank(), 0));
+    for (const RankBatch& batch : data->first_batches)
+      for (int32_t expert : batch.topk_idx)
+        if (expert >= 0) ++data->first_recv_counts[p.owner_rank(expert)][p.local_expert(expert)];
+  }
+  if (c.bad_expert_rank < 0) data->reference = reference_moe(data->problem, data->batches, *data->weights);
+  return data;
+}
+
+void run_rank(Communicator& comm, const CaseData& data) {
+  Problem p = data.problem;
+  p.rank = comm.rank();
+  const LayerCase& c = data.c;
+  SymmBuffer buffer(comm, p);
+  DeviceWeights weights(p, *data.weights);
+  const int32_t tokens = c.tokens_per_rank[p.rank];
+  DeviceInputs inputs(p, tokens);
+  Device<uint16_t> y(size_t(tokens) * p.hidden);
+  Device<int64_t> stats(p.experts_per_rank());
+  cuda_ok(cudaMemset(stats.data, 0, stats.count * sizeof(int64_t)), "cudaMemset");
+  const TensorView y_view = TensorView::contiguous(y.data, DType::bf16, {tokens, p.hidden}, megamoe::Device::cuda);
+  const TensorView stats_view =
+      TensorView::contiguous(stats.data, DType::i64, {p.experts_per_rank()}, megamoe::Device::cuda);
+  cudaStream_t stream = comm.stream();
+
+  if (c.bad_expert_rank >= 0) {
+    RankBatch batch = data.batches[p.rank];
+    if (p.rank == c.bad_expert_rank && tokens > 0) batch.topk_idx[0] = p.num_experts + 5;
+    inputs.fill(batch);
+    call_layer(buffer, inputs.view, weights.view(), y_view, stream, stats_view);
+    bool reported = false;
+    try {
+      buffer.check_device_error(stream);
+    } catch (const Error& e) {
+      reported = std::string(e.what()).find(std::to_string(p.num_experts + 5)) != std::string::npos;
+      std::printf("rank %d reported: %s\n", p.rank, e.what());
+    }
+    require(reported == (p.rank == c.bad_expert_rank), "topk_idx", "rank ", p.rank,
+            reported ? " reported an error it did not have" : " did not report the out-of-range expert id");
+    return;
+  }
+
+  const int64_t checked_calls = c.graph ? 2 : c.repeats;
+  if (c.graph) {
+    // One eager call, then capture a call and replay it twice: with the capture-time inputs, then
+    // with the checked inputs written into the same tensors.
+    inputs.fill(data.first_batches[p.rank]);
+    call_layer(buffer, inputs.view, weights.view(), y_view, stream, {});
+    cuda_ok(cudaStreamSynchronize(stream), "eager call");
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    call_layer(buffer, inputs.view, weights.view(), y_view, stream, stats_view);
+    cuda_ok(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+    cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    cuda_ok(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+    cuda_ok(cudaStreamSynchronize(stream), "replay");
+    inputs.fill(data.batches[p.rank]);
+    cuda_ok(cudaMemset(y.data, 0xFF, y.count * sizeof(uint16_t)), "poison y");
+    cuda_ok(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+    cuda_ok(cudaStreamSynchronize(stream), "replay");
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  } else {
+    inputs.fill(data.batches[p.rank]);
+    for (int32_t call = 0; call < c.repeats; ++call) {
+      cuda_ok(cudaMemsetAsync(y.data, 0xFF, y.count * sizeof(uint16_t), stream), "poison y");
+      call_layer(buffer, inputs.view, weights.view(), y_view, stream, stats_view);
+    }
+  }
+  buffer.check_device_error(stream);
+
+  std::vector<uint16_t> host_y(y.count);
+  if (!host_y.empty()) cuda_ok(cudaMemcpy(host_y.data(), y.data, y.count * 2, cudaMemcpyDeviceToHost), "download y");
+  check_y(data, p.rank, host_y);
+
+  // Statistics: every call adds the routes each local expert received. Graph cases captured the
+  // statistics only in the graph, replayed once with each input set.
+  std::vector<int64_t> host_stats(stats.count);
+  cuda_ok(cudaMemcpy(host_stats.data(), stats.data, stats.count * 8, cudaMemcpyDeviceToHost), "download stats");
+  std::vector<int64_t> want(stats.count, 0);
+  for (size_t e = 0; e < want.size(); ++e) want[e] = int64_t(data.reference.recv_counts[p.rank][e]) * checked_calls;
+  if (c.graph) {
+    for (size_t e = 0; e < want.size(); ++e)
+      want[e] = int64_t(data.reference.recv_counts[p.rank][e]) + int64_t(data.first_recv_counts[p.rank][e]);
+  }
+  for (size_t e = 0; e < want.size(); ++e)
+    require(host_stats[e] == want[e], "recv_stats", "rank ", p.rank, " of case ", c.name, ": local expert ", e,
+            " counted ", host_stats[e], " routes, the reference ", want[e]);
+}
+
+}  // namespace megamoe::layer_test

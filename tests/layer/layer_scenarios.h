@@ -1,0 +1,48 @@
+// Whole-layer test cases, each run once per rank by run_ranks (emulated ranks or processes) against
+// the CPU reference computed before the ranks start. A failing rank throws megamoe::Error naming the
+// rank, the case and what differed; run_ranks prints it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "megamoe/comm.h"
+#include "megamoe/reference.h"
+#include "megamoe/synthetic.h"
+
+namespace megamoe::layer_test {
+
+struct LayerCase {
+  std::string name;
+  Recipe recipe = Recipe::fp8;
+  int32_t num_experts = 8;
+  int32_t top_k = 2;
+  int32_t hidden = 256;
+  int32_t intermediate = 256;
+  int32_t num_shared_experts = 0;
+  std::vector<int32_t> tokens_per_rank;  // its size is the number of ranks
+  Routing routing = Routing::uniform;
+  float masked_fraction = 0.0f;
+  int32_t repeats = 1;      // calls on the same buffer; receive statistics must add up
+  bool graph = false;       // capture one call in a CUDA graph, replay it with a second set of inputs
+  int32_t bad_expert_rank = -1;  // this rank puts an out-of-range expert id in topk_idx
+};
+
+// Inputs and expected outputs of one case, built on the host before any rank starts.
+struct CaseData {
+  LayerCase c;
+  Problem problem;  // rank 0's; each rank sets its own rank
+  std::unique_ptr<SyntheticWeights> weights;
+  std::vector<RankBatch> batches;         // the inputs of the (last) checked call
+  ReferenceResult reference;
+  std::vector<RankBatch> first_batches;   // graph cases: the inputs the graph was captured with
+  std::vector<std::vector<uint32_t>> first_recv_counts;  // and the routes they send to each rank's experts
+};
+
+std::unique_ptr<CaseData> prepare(const LayerCase& c);
+
+// The per-rank body: builds the buffer and weights, runs the calls, checks y and the statistics.
+void run_rank(Communicator& comm, const CaseData& data);
+
+}  // namespace megamoe::layer_test
