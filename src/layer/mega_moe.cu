@@ -57,11 +57,11 @@ void check_inputs(const Problem& p, const LayerInputs& in, const TensorView& y, 
     check_tensor(recv_stats, "recv_stats", DType::i64, {p.experts_per_rank()}, Device::cuda);
 }
 
-// Copies `source` into the buffer region at `destination` unless the caller already wrote it there.
-void stage_input(const TensorView& source, char* destination, cudaStream_t stream) {
-  if (source.numel() == 0 || source.data == destination) return;
-  cuda_ok(cudaMemcpyAsync(destination, source.data, source.bytes(), cudaMemcpyDeviceToDevice, stream),
-          "copying inputs into the symmetric buffer");
+// A copy of `source` into the buffer region at `destination`, unless the caller already wrote it there.
+dispatch::StagedCopy staged_copy(const TensorView& source, char* destination) {
+  if (source.numel() == 0 || source.data == destination) return {nullptr, nullptr, 0};
+  return {static_cast<const uint32_t*>(source.data), reinterpret_cast<uint32_t*>(destination),
+          static_cast<uint64_t>(source.bytes()) / 4};
 }
 
 gemm::GemmOperands routed_operands(const Problem& p, const BufferLayout& l, char* local, const void* weights,
@@ -116,9 +116,12 @@ void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w,
   check_weights(p, w);
   const int grid = std::max(1, buffer.comm().sm_budget());
 
-  stage_input(in.x, local + l.x.offset, stream);
-  if (p.recipe == Recipe::fp8) stage_input(in.x_scales, local + l.x_scales.offset, stream);
-  stage_input(in.topk_weights, local + l.topk_weights.offset, stream);
+  const dispatch::StagedInputs staged{
+      {staged_copy(in.x, local + l.x.offset),
+       p.recipe == Recipe::fp8 ? staged_copy(in.x_scales, local + l.x_scales.offset) : dispatch::StagedCopy{},
+       staged_copy(in.topk_weights, local + l.topk_weights.offset)}};
+  dispatch::stage_inputs<<<grid, kDispatchThreads, 0, stream>>>(staged);
+  cuda_ok(cudaGetLastError(), "stage_inputs launch");
 
   dispatch::DispatchArgs args{view, l, p, in.num_tokens, in.topk_idx.as<int32_t>(),
                               recv_stats.empty() ? nullptr : recv_stats.as<int64_t>()};
@@ -172,7 +175,7 @@ void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w,
   // Every rank's L2 results have landed in our combine slots once all ranks pass this barrier.
   launch_rank_barrier(buffer, stream);
   if (in.num_tokens > 0) {
-    combine::CombineArgs c{BufferLayout::at<uint16_t>(local, l.combine), in.topk_idx.as<int32_t>(),
+    combine::CombineArgs c{l.control_block(local), BufferLayout::at<uint16_t>(local, l.combine), in.topk_idx.as<int32_t>(),
                            y.as<uint16_t>(), in.num_tokens, p.top_k, p.num_experts, p.hidden, p.num_shared_experts > 0};
     combine::combine_kernel<<<grid, kCombineThreads, 0, stream>>>(c);
     cuda_ok(cudaGetLastError(), "combine launch");

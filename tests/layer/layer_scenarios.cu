@@ -28,8 +28,11 @@ struct Device {
   ~Device() { cudaFree(data); }
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
-  void upload(const void* host, size_t bytes) {
-    if (bytes > 0) cuda_ok(cudaMemcpy(data, host, bytes, cudaMemcpyHostToDevice), "upload");
+  // Ordered on `stream` only (and synchronous for the host, as the source is pageable).
+  void upload(const void* host, size_t bytes, cudaStream_t stream) {
+    if (bytes == 0) return;
+    cuda_ok(cudaMemcpyAsync(data, host, bytes, cudaMemcpyHostToDevice, stream), "upload");
+    cuda_ok(cudaStreamSynchronize(stream), "upload");
   }
 };
 
@@ -53,11 +56,11 @@ struct DeviceInputs {
     view.topk_idx = TensorView::contiguous(topk_idx.data, DType::i32, {tokens, p.top_k}, megamoe::Device::cuda);
     view.topk_weights = TensorView::contiguous(topk_weights.data, DType::f32, {tokens, p.top_k}, megamoe::Device::cuda);
   }
-  void fill(const RankBatch& batch) {
-    x.upload(batch.x.data(), batch.x.size());
-    x_scales.upload(batch.x_scales.data(), batch.x_scales.size() * sizeof(float));
-    topk_idx.upload(batch.topk_idx.data(), batch.topk_idx.size() * sizeof(int32_t));
-    topk_weights.upload(batch.topk_weights.data(), batch.topk_weights.size() * sizeof(float));
+  void fill_async(const RankBatch& batch, cudaStream_t stream) {
+    x.upload(batch.x.data(), batch.x.size(), stream);
+    x_scales.upload(batch.x_scales.data(), batch.x_scales.size() * sizeof(float), stream);
+    topk_idx.upload(batch.topk_idx.data(), batch.topk_idx.size() * sizeof(int32_t), stream);
+    topk_weights.upload(batch.topk_weights.data(), batch.topk_weights.size() * sizeof(float), stream);
   }
 };
 
@@ -141,16 +144,30 @@ void run_rank(Communicator& comm, const CaseData& data) {
   DeviceInputs inputs(p, tokens);
   Device<uint16_t> y(size_t(tokens) * p.hidden);
   Device<int64_t> stats(p.experts_per_rank());
-  cuda_ok(cudaMemset(stats.data, 0, stats.count * sizeof(int64_t)), "cudaMemset");
+  cudaStream_t stream = comm.stream();
+  cuda_ok(cudaMemsetAsync(stats.data, 0, stats.count * sizeof(int64_t), stream), "cudaMemset");
   const TensorView y_view = TensorView::contiguous(y.data, DType::bf16, {tokens, p.hidden}, megamoe::Device::cuda);
   const TensorView stats_view =
       TensorView::contiguous(stats.data, DType::i64, {p.experts_per_rank()}, megamoe::Device::cuda);
-  cudaStream_t stream = comm.stream();
+  // Emulated ranks share one GPU, where an allocation may wait for another rank's spinning kernel:
+  // every rank allocates before any rank launches, and frees only after every rank has finished.
+  comm.barrier();
+  struct FinishTogether {
+    Communicator& comm;
+    cudaStream_t stream;
+    ~FinishTogether() {
+      cudaStreamSynchronize(stream);
+      try {
+        comm.barrier();
+      } catch (const Error&) {  // the group gave up: another rank failed, and reports it
+      }
+    }
+  } finish_together{comm, stream};
 
   if (c.bad_expert_rank >= 0) {
     RankBatch batch = data.batches[p.rank];
     if (p.rank == c.bad_expert_rank && tokens > 0) batch.topk_idx[0] = p.num_experts + 5;
-    inputs.fill(batch);
+    inputs.fill_async(batch, stream);
     call_layer(buffer, inputs.view, weights.view(), y_view, stream, stats_view);
     bool reported = false;
     try {
@@ -168,7 +185,7 @@ void run_rank(Communicator& comm, const CaseData& data) {
   if (c.graph) {
     // One eager call, then capture a call and replay it twice: with the capture-time inputs, then
     // with the checked inputs written into the same tensors.
-    inputs.fill(data.first_batches[p.rank]);
+    inputs.fill_async(data.first_batches[p.rank], stream);
     call_layer(buffer, inputs.view, weights.view(), y_view, stream, {});
     cuda_ok(cudaStreamSynchronize(stream), "eager call");
     cudaGraph_t graph;
@@ -179,14 +196,14 @@ void run_rank(Communicator& comm, const CaseData& data) {
     cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
     cuda_ok(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
     cuda_ok(cudaStreamSynchronize(stream), "replay");
-    inputs.fill(data.batches[p.rank]);
-    cuda_ok(cudaMemset(y.data, 0xFF, y.count * sizeof(uint16_t)), "poison y");
+    inputs.fill_async(data.batches[p.rank], stream);
+    cuda_ok(cudaMemsetAsync(y.data, 0xFF, y.count * sizeof(uint16_t), stream), "poison y");
     cuda_ok(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
     cuda_ok(cudaStreamSynchronize(stream), "replay");
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
   } else {
-    inputs.fill(data.batches[p.rank]);
+    inputs.fill_async(data.batches[p.rank], stream);
     for (int32_t call = 0; call < c.repeats; ++call) {
       cuda_ok(cudaMemsetAsync(y.data, 0xFF, y.count * sizeof(uint16_t), stream), "poison y");
       call_layer(buffer, inputs.view, weights.view(), y_view, stream, stats_view);

@@ -7,12 +7,14 @@
 
 #include <cstdint>
 
+#include "kernels/comm/sync.cuh"
 #include "megamoe/layout.h"
 #include "megamoe/problem.h"
 
 namespace megamoe::combine {
 
 struct CombineArgs {
+  const ControlBlock* control;  // this rank's: a timeout earlier in the call stops combine
   const uint16_t* slots;    // this rank's combine region: [max_tokens][top_k + 1][hidden] bf16
   const int32_t* topk_idx;  // [num_tokens][top_k]
   uint16_t* y;              // [num_tokens][hidden] bf16
@@ -34,6 +36,7 @@ __device__ __forceinline__ void add_bf16x8(float (&sum)[8], const uint4& packed)
 
 // A warp per token; each lane sums 8 features (16 bytes) of every slot at a time.
 __global__ void combine_kernel(const CombineArgs a) {
+  if (device::rank_timed_out(a.control)) return;
   const uint32_t lane = threadIdx.x % 32;
   const uint32_t warps = blockDim.x / 32;
   const uint32_t slots_per_token = static_cast<uint32_t>(a.top_k) + 1;

@@ -88,6 +88,13 @@ MEGAMOE_DEVICE void record_error(ControlBlock* control, const DeviceError& error
   control->error.seen = error.seen;
 }
 
+// True once a wait of this rank has timed out: later kernels of the call stop instead of working on
+// data the stuck step left incomplete (and writing it into peers' buffers). Input errors (a bad expert
+// id) do not stop the protocol: the bad route is skipped, so peers are not left waiting.
+MEGAMOE_DEVICE bool rank_timed_out(const ControlBlock* control) {
+  return *static_cast<const volatile uint32_t*>(&control->error.code) == kDeviceTimeout;
+}
+
 // ---- Spin-waits ----
 
 // What a spin-wait reports if it gives up.

@@ -42,9 +42,31 @@ __device__ __forceinline__ void record_input_error(const DispatchArgs& a, uint32
   device::record_error(a.layout.control_block(a.view.local()), error);
 }
 
+// Copies of the caller's inputs into this rank's buffer (peers pull from there). A kernel rather than
+// cudaMemcpyAsync: a same-device copy may serialize with other streams, and emulated ranks on one
+// GPU must never wait for another rank's spinning kernel.
+struct StagedCopy {
+  const uint32_t* source;  // nullptr: nothing to copy
+  uint32_t* destination;
+  uint64_t words;
+};
+struct StagedInputs {
+  StagedCopy copies[3];
+};
+
+__global__ void stage_inputs(const StagedInputs inputs) {
+  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
+  for (const StagedCopy& copy : inputs.copies) {
+    if (copy.source == nullptr) continue;
+    for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < copy.words; i += stride)
+      copy.destination[i] = copy.source[i];
+  }
+}
+
 // Dynamic shared memory: num_experts u32 counters.
 __global__ void count_and_scatter(const DispatchArgs a) {
   extern __shared__ uint32_t expert_cursor[];
+  if (device::rank_timed_out(a.layout.control_block(a.view.local()))) return;
   const uint32_t num_experts = static_cast<uint32_t>(a.problem.num_experts);
   const uint32_t experts_per_rank = a.layout.experts_per_rank;
   const uint32_t routes = static_cast<uint32_t>(a.num_tokens) * static_cast<uint32_t>(a.problem.top_k);
@@ -93,6 +115,7 @@ __global__ void count_and_scatter(const DispatchArgs a) {
 // One block. Sends this rank's per-expert route counts to the owners, resets the send counters for
 // the next call, then waits until every rank has done the same.
 __global__ void publish_counts(const DispatchArgs a) {
+  if (device::rank_timed_out(a.layout.control_block(a.view.local()))) return;
   const uint32_t num_experts = static_cast<uint32_t>(a.problem.num_experts);
   const uint32_t experts_per_rank = a.layout.experts_per_rank;
   const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
@@ -179,6 +202,7 @@ struct PoolRowMap {
 // Dynamic shared memory: (experts_per_rank * num_ranks + 1) u32.
 __global__ void pull(const DispatchArgs a) {
   extern __shared__ uint32_t segment_begin[];
+  if (device::rank_timed_out(a.layout.control_block(a.view.local()))) return;
   build_segments(a, segment_begin);
   const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
   const PoolSegments segments{segment_begin, a.layout.experts_per_rank * num_ranks, num_ranks};

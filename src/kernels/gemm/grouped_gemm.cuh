@@ -21,6 +21,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
                         const __grid_constant__ CUtensorMap act_scales_map, const MainloopArgs args,
                         const Epilogue epilogue) {
   extern __shared__ uint8_t smem_raw[];
+  if (args.watch.control != nullptr && device::rank_timed_out(args.watch.control)) return;
   const SharedStorage<Config> smem(smem_raw);
   const uint32_t thread = threadIdx.x;
   const uint32_t warpgroup = thread / 128;
