@@ -2,6 +2,7 @@
 // WeightSource (canonical stored weights) and uploaded once.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "megamoe/layer.h"
@@ -19,11 +20,18 @@ class DeviceWeights {
   DeviceWeights(const DeviceWeights&) = delete;
   DeviceWeights& operator=(const DeviceWeights&) = delete;
 
+  // The weights SyntheticWeights(problem, seed) describes, generated directly on the GPU in the
+  // transformed layout: the same bits as transforming SyntheticWeights' experts, in milliseconds
+  // instead of minutes for real model sizes.
+  static std::unique_ptr<DeviceWeights> synthetic(const Problem& problem, uint64_t seed);
+
   const LayerWeights& view() const { return view_; }
 
   struct Allocations;
 
  private:
+  DeviceWeights();
+  char* allocate(uint64_t bytes);
   std::unique_ptr<Allocations> allocations_;
   LayerWeights view_;
 };

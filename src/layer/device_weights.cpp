@@ -93,6 +93,10 @@ DeviceWeights::DeviceWeights(const Problem& problem, const WeightSource& source)
   view_.shared_w2_scales = stacked.w2_scales;
 }
 
+DeviceWeights::DeviceWeights() : allocations_(std::make_unique<Allocations>()) {}
+
+char* DeviceWeights::allocate(uint64_t bytes) { return allocations_->allocate(bytes); }
+
 DeviceWeights::~DeviceWeights() = default;
 
 }  // namespace megamoe

@@ -165,13 +165,13 @@ void run_swiglu_case(const Case& c) {
   operands.groups = gemm::GroupRows{d_prefix.get(), num_groups, 0};
   operands.expected_rows_per_group = c.expected_rows;
   operands.timeout_ns = kTimeoutNs;
-  DeviceBuffer<DeviceError> d_error(1);
-  d_error.fill_bytes(0);
-  operands.error = d_error.get();
+  DeviceBuffer<ControlBlock> d_control(1);
+  d_control.fill_bytes(0);
+  operands.control = d_control.get();
   gemm::SwigluOutput output{d_out.get(), scaled ? d_out_scales.get() : nullptr, d_row_weights.get(), rows};
   gemm::grouped_gemm_swiglu(operands, output, c.grid > 0 ? c.grid : multiprocessors(), nullptr);
   MEGAMOE_CUDA_OK(cudaDeviceSynchronize());
-  ASSERT_EQ(d_error.download()[0].code, kDeviceOk) << "the GEMM pipeline recorded a stuck wait";
+  ASSERT_EQ(d_control.download()[0].error.code, kDeviceOk) << "the GEMM pipeline recorded a stuck wait";
 
   const std::vector<uint8_t> out = d_out.download();
   const std::vector<float> out_scales = d_out_scales.download();
@@ -312,13 +312,13 @@ void run_store_case(const Case& c) {
   operands.groups = gemm::GroupRows{d_prefix.get(), num_groups, 0};
   operands.expected_rows_per_group = c.expected_rows;
   operands.timeout_ns = kTimeoutNs;
-  DeviceBuffer<DeviceError> d_error(1);
-  d_error.fill_bytes(0);
-  operands.error = d_error.get();
+  DeviceBuffer<ControlBlock> d_control(1);
+  d_control.fill_bytes(0);
+  operands.control = d_control.get();
   const gemm::RoutedDestination destination{view, 0, d_sources.get(), kTopK, n_out};
   gemm::grouped_gemm_store(operands, destination, c.grid > 0 ? c.grid : multiprocessors(), nullptr);
   MEGAMOE_CUDA_OK(cudaDeviceSynchronize());
-  ASSERT_EQ(d_error.download()[0].code, kDeviceOk) << "the GEMM pipeline recorded a stuck wait";
+  ASSERT_EQ(d_control.download()[0].error.code, kDeviceOk) << "the GEMM pipeline recorded a stuck wait";
 
   std::vector<std::vector<uint16_t>> out;
   for (const auto& buffer : combine) out.push_back(buffer.download());

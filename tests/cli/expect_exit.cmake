@@ -1,0 +1,15 @@
+# Runs ${CLI} ${ARGS} and checks its exit code is ${EXPECT_EXIT}; optionally that stderr names
+# ${EXPECT_MESSAGE} and that ${EXPECT_FILE} exists afterwards.
+execute_process(COMMAND ${CLI} ${ARGS} RESULT_VARIABLE exit_code OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT exit_code EQUAL EXPECT_EXIT)
+  message(FATAL_ERROR "expected exit code ${EXPECT_EXIT}, got ${exit_code}\nstdout:\n${out}\nstderr:\n${err}")
+endif()
+if(DEFINED EXPECT_MESSAGE)
+  string(FIND "${err}" "${EXPECT_MESSAGE}" found)
+  if(found EQUAL -1)
+    message(FATAL_ERROR "stderr does not name '${EXPECT_MESSAGE}':\n${err}")
+  endif()
+endif()
+if(DEFINED EXPECT_FILE AND NOT EXISTS "${EXPECT_FILE}")
+  message(FATAL_ERROR "${EXPECT_FILE} was not written")
+endif()

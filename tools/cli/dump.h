@@ -1,0 +1,27 @@
+// `megamoe run --dump DIR`: inputs, outputs and the weights of every used expert as .npy files,
+// with manifest.json saying what each file holds and how to decode it (tools/check_dump.py reads it).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "megamoe/problem.h"
+#include "megamoe/reference.h"
+#include "megamoe/synthetic.h"
+
+namespace megamoe::cli {
+
+struct DumpInfo {
+  std::string preset;
+  std::string backend;
+  Routing routing = Routing::uniform;
+  uint64_t seed = 0;
+};
+
+// Creates `dir` if needed; returns the number of files written (manifest included).
+int write_dump(const std::filesystem::path& dir, const DumpInfo& info, const Problem& problem,
+               const std::vector<RankBatch>& batches, const ReferenceResult& result, const SyntheticWeights& weights);
+
+}  // namespace megamoe::cli

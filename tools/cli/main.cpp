@@ -1,0 +1,311 @@
+// megamoe: runs one MoE layer of a model preset on synthetic data and prints a summary.
+// Exit codes: 0 success, 1 the run failed, 2 bad command line.
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli/backend.h"
+#include "cli/dump.h"
+#include "megamoe/error.h"
+#include "megamoe/formats.h"
+#include "megamoe/presets.h"
+#include "megamoe/synthetic.h"
+
+namespace megamoe::cli {
+namespace {
+
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+void print_usage(std::ostream& out) {
+  out << "usage:\n"
+         "  megamoe run --preset NAME [--tokens N] [--ranks R] [--recipe fp8|fp8_fp4|bf16]\n"
+         "              [--routing uniform|zipf|one_expert] [--backend auto|cpu|gpu] [--seed S]\n"
+         "              [--threads T] [--dump DIR]\n"
+         "  megamoe help\n"
+         "\n"
+         "Runs one expert-parallel MoE layer on all ranks of one process with synthetic weights and\n"
+         "tokens, and prints receive counts, output checksums and timings.\n"
+         "  --preset   model layer shape (below)\n"
+         "  --tokens   tokens per rank (default: the preset's)\n"
+         "  --ranks    expert-parallel ranks; must divide the number of experts (default: the preset's)\n"
+         "  --recipe   precision recipe (default: the preset's)\n"
+         "  --routing  how tokens pick experts (default uniform)\n"
+         "  --backend  cpu: the FP32 reference; gpu: the fused kernels; auto: gpu when usable (default)\n"
+         "  --seed     seed of the synthetic data (default 1)\n"
+         "  --threads  CPU backend worker threads, 0 = all (default 0)\n"
+         "  --dump     write inputs, outputs and used expert weights as .npy files and manifest.json\n"
+         "             (tools/check_dump.py DIR recomputes y from them)\n"
+         "\npresets:\n";
+  for (const Preset& preset : all_presets()) {
+    char line[160];
+    std::snprintf(line, sizeof(line), "  %-16s %3d experts, top-%d, hidden %d, intermediate %d, %d shared, %s\n",
+                  std::string(preset.name).c_str(), preset.num_experts, preset.top_k, preset.hidden,
+                  preset.intermediate, preset.num_shared_experts, std::string(to_string(preset.recipe)).c_str());
+    out << line;
+  }
+}
+
+struct RunOptions {
+  const Preset* preset = nullptr;
+  Problem problem;
+  int32_t tokens = 0;
+  Routing routing = Routing::uniform;
+  BackendKind backend = BackendKind::automatic;
+  uint64_t seed = 1;
+  int threads = 0;
+  std::optional<std::string> dump_dir;
+};
+
+template <typename T>
+T parse_number(const std::string& flag, const std::string& text, T min_value, T max_value) {
+  T value{};
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  require(ec == std::errc() && ptr == end && !text.empty(), flag.c_str(), "expected a whole number, got '", text,
+          "'");
+  require(value >= min_value && value <= max_value, flag.c_str(), "must be in [", min_value, ", ", max_value,
+          "], got ", value);
+  return value;
+}
+
+// Throws megamoe::Error naming the flag for anything the command line gets wrong.
+RunOptions parse_run(const std::vector<std::string>& args) {
+  std::vector<std::pair<std::string, std::string>> flags;  // in order, each at most once
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    require(arg.rfind("--", 0) == 0, arg.c_str(), "unexpected argument (flags start with --)");
+    std::string name = arg;
+    std::string value;
+    const size_t equals = arg.find('=');
+    if (equals != std::string::npos) {
+      name = arg.substr(0, equals);
+      value = arg.substr(equals + 1);
+    } else {
+      require(i + 1 < args.size(), arg.c_str(), "needs a value");
+      value = args[++i];
+    }
+    static const char* const kKnown[] = {"--preset", "--tokens", "--ranks", "--recipe", "--routing",
+                                         "--backend", "--seed",   "--threads", "--dump"};
+    require(std::find(std::begin(kKnown), std::end(kKnown), name) != std::end(kKnown), name.c_str(),
+            "unknown flag (see 'megamoe help')");
+    for (const auto& seen : flags) require(seen.first != name, name.c_str(), "given more than once");
+    flags.emplace_back(name, value);
+  }
+  auto value_of = [&flags](const char* name) -> std::optional<std::string> {
+    for (const auto& [flag, value] : flags) {
+      if (flag == name) return value;
+    }
+    return std::nullopt;
+  };
+
+  RunOptions options;
+  const std::optional<std::string> preset_name = value_of("--preset");
+  require(preset_name.has_value(), "--preset", "is required (see 'megamoe help' for the names)");
+  try {
+    options.preset = &find_preset(*preset_name);
+  } catch (const Error& error) {
+    throw Error(std::string("--") + error.what());
+  }
+  const Preset& preset = *options.preset;
+
+  options.tokens = preset.default_tokens;
+  if (auto text = value_of("--tokens")) options.tokens = parse_number<int32_t>("--tokens", *text, 0, 1 << 20);
+  int32_t ranks = preset.default_ranks;
+  if (auto text = value_of("--ranks")) ranks = parse_number<int32_t>("--ranks", *text, 1, kMaxRanks);
+  require(preset.num_experts % ranks == 0, "--ranks", "must divide the ", preset.num_experts, " experts of ",
+          preset.name, ", got ", ranks);
+  options.problem = preset_problem(preset, ranks, std::max<int32_t>(options.tokens, 1));
+  if (auto text = value_of("--recipe")) {
+    require(parse_recipe(*text, options.problem.recipe), "--recipe", "must be fp8, fp8_fp4 or bf16, got '", *text,
+            "'");
+  }
+  if (auto text = value_of("--routing")) {
+    require(parse_routing(*text, options.routing), "--routing", "must be uniform, zipf or one_expert, got '", *text,
+            "'");
+  }
+  if (auto text = value_of("--backend")) {
+    require(parse_backend(*text, options.backend), "--backend", "must be auto, cpu or gpu, got '", *text, "'");
+  }
+  if (auto text = value_of("--seed")) options.seed = parse_number<uint64_t>("--seed", *text, 0, UINT64_MAX);
+  if (auto text = value_of("--threads")) options.threads = parse_number<int>("--threads", *text, 0, 1024);
+  if (auto text = value_of("--dump")) {
+    require(!text->empty(), "--dump", "needs a directory");
+    options.dump_dir = *text;
+  }
+  validate(options.problem);
+  return options;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// A carriage-return progress line on stderr, shown once the work has lasted a second.
+class ProgressLine {
+ public:
+  ProgressLine() : start_(std::chrono::steady_clock::now()) {}
+
+  void update(int64_t done, int64_t total, const std::string& units) {
+    const double elapsed = seconds_since(start_);
+    if (elapsed < 1.0 || (done < total && elapsed - last_print_ < 0.1)) return;
+    last_print_ = elapsed;
+    std::fprintf(stderr, "\rcompute: %lld/%lld %s (%3.0f%%), %.1f s", static_cast<long long>(done),
+                 static_cast<long long>(total), units.c_str(), total > 0 ? 100.0 * done / total : 100.0, elapsed);
+    std::fflush(stderr);
+    shown_ = true;
+  }
+
+  void finish() {
+    if (shown_) std::fputc('\n', stderr);
+    shown_ = false;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+  double last_print_ = -1.0;
+  bool shown_ = false;
+};
+
+uint64_t fnv1a_bf16(const std::vector<uint16_t>& values) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (uint16_t value : values) {
+    for (int byte = 0; byte < 2; ++byte) {
+      hash ^= (value >> (8 * byte)) & 0xFFu;
+      hash *= 0x100000001b3ull;
+    }
+  }
+  return hash;
+}
+
+void print_recv_counts(const Problem& p, const std::vector<std::vector<uint32_t>>& counts) {
+  const int32_t per_rank = p.experts_per_rank();
+  std::printf("receive counts (routes each local expert received from all ranks):\n");
+  for (int32_t r = 0; r < p.num_ranks; ++r) {
+    const std::vector<uint32_t>& c = counts[static_cast<size_t>(r)];
+    uint64_t total = 0;
+    for (uint32_t n : c) total += n;
+    if (per_rank <= 16) {
+      std::printf("  rank %d (experts %d..%d):", r, r * per_rank, (r + 1) * per_rank - 1);
+      for (uint32_t n : c) std::printf(" %u", n);
+      std::printf("  (total %llu)\n", static_cast<unsigned long long>(total));
+      continue;
+    }
+    const auto [min_it, max_it] = std::minmax_element(c.begin(), c.end());
+    std::vector<int32_t> order(c.size());
+    for (size_t l = 0; l < order.size(); ++l) order[l] = static_cast<int32_t>(l);
+    std::stable_sort(order.begin(), order.end(), [&c](int32_t a, int32_t b) { return c[a] > c[b]; });
+    std::printf("  rank %d: %d experts, total %llu, min %u, mean %.2f, max %u; busiest:", r, per_rank,
+                static_cast<unsigned long long>(total), *min_it, static_cast<double>(total) / per_rank, *max_it);
+    for (size_t i = 0; i < std::min<size_t>(4, order.size()); ++i) {
+      std::printf(" e%d=%u", r * per_rank + order[i], c[static_cast<size_t>(order[i])]);
+    }
+    std::printf("\n");
+  }
+}
+
+void print_checksums(const Problem& p, const std::vector<std::vector<uint16_t>>& y) {
+  std::printf("output checksums (y in BF16; hash = FNV-1a 64 of the little-endian BF16 bits):\n");
+  for (int32_t r = 0; r < p.num_ranks; ++r) {
+    const std::vector<uint16_t>& values = y[static_cast<size_t>(r)];
+    double sum = 0.0;
+    for (uint16_t value : values) sum += bf16_to_float(value);
+    std::printf("  rank %d: %zu tokens, sum %.6g, hash 0x%016llx\n", r, values.size() / static_cast<size_t>(p.hidden),
+                static_cast<float>(sum), static_cast<unsigned long long>(fnv1a_bf16(values)));
+  }
+}
+
+int run(const RunOptions& options) {
+  const Problem& problem = options.problem;
+  std::printf("preset: %s (%s)\n", std::string(options.preset->name).c_str(),
+              std::string(options.preset->note).c_str());
+  std::printf("problem: %s\n", describe(problem).c_str());
+  std::printf("data: %d tokens on each of %d ranks, routing %s, seed %llu\n", options.tokens, problem.num_ranks,
+              std::string(to_string(options.routing)).c_str(), static_cast<unsigned long long>(options.seed));
+  const BackendChoice choice = choose_backend(options.backend);
+  std::printf("backend: %s (%s)\n", std::string(to_string(choice.kind)).c_str(), choice.reason.c_str());
+  std::fflush(stdout);
+
+  const auto data_start = std::chrono::steady_clock::now();
+  const std::vector<int32_t> tokens(static_cast<size_t>(problem.num_ranks), options.tokens);
+  const std::vector<RankBatch> batches = synthetic_batches(problem, tokens, options.routing, options.seed);
+  const SyntheticWeights weights(problem, options.seed);
+  const double data_seconds = seconds_since(data_start);
+
+  const auto compute_start = std::chrono::steady_clock::now();
+  ProgressLine progress;
+  BackendOptions backend_options;
+  backend_options.threads = options.threads;
+  const std::string units = choice.kind == BackendKind::cpu ? "experts" : "steps";
+  backend_options.progress = [&progress, &units](int64_t done, int64_t total) { progress.update(done, total, units); };
+  BackendResult outcome;
+  try {
+    outcome = run_backend(choice.kind, problem, batches, weights, backend_options);
+  } catch (...) {
+    progress.finish();
+    throw;
+  }
+  progress.finish();
+  const double compute_seconds = seconds_since(compute_start);
+
+  print_recv_counts(problem, outcome.result.recv_counts);
+  print_checksums(problem, outcome.result.y);
+
+  double dump_seconds = 0.0;
+  if (options.dump_dir) {
+    const auto dump_start = std::chrono::steady_clock::now();
+    const DumpInfo info{std::string(options.preset->name), outcome.name, options.routing, options.seed};
+    const int files = write_dump(*options.dump_dir, info, problem, batches, outcome.result, weights);
+    dump_seconds = seconds_since(dump_start);
+    std::printf("dump: %d files in %s\n", files, options.dump_dir->c_str());
+  }
+  std::printf("time: data generation %.3f s (activations and routing; weights are generated during compute), "
+              "compute %.3f s",
+              data_seconds, compute_seconds);
+  if (options.dump_dir) std::printf(", dump %.3f s", dump_seconds);
+  std::printf("\n");
+  return 0;
+}
+
+int cli_main(const std::vector<std::string>& args) {
+  if (args.empty()) {
+    print_usage(std::cerr);
+    return kExitUsage;
+  }
+  const std::string& command = args[0];
+  if (command == "help" || command == "--help" || command == "-h") {
+    print_usage(std::cout);
+    return 0;
+  }
+  if (command != "run") {
+    std::cerr << "megamoe: unknown command '" << command << "' (commands: run, help)\n";
+    return kExitUsage;
+  }
+  RunOptions options;
+  try {
+    options = parse_run(std::vector<std::string>(args.begin() + 1, args.end()));
+  } catch (const Error& error) {
+    std::cerr << "megamoe: " << error.what() << "\n";
+    return kExitUsage;
+  }
+  try {
+    return run(options);
+  } catch (const std::exception& error) {
+    std::cerr << "megamoe: error: " << error.what() << "\n";
+    return kExitFailure;
+  }
+}
+
+}  // namespace
+}  // namespace megamoe::cli
+
+int main(int argc, char** argv) {
+  return megamoe::cli::cli_main(std::vector<std::string>(argv + 1, argv + argc));
+}
