@@ -155,8 +155,8 @@ int main(int argc, char** argv) {
         for (uint64_t row = 0; row < max_rows; ++row) sources[row] = {0, static_cast<uint32_t>(row % kCombineTokens)};
         PoolSource* d_sources = device_alloc<PoolSource>(max_rows);
         cuda_ok(cudaMemcpy(d_sources, sources.data(), max_rows * sizeof(PoolSource), cudaMemcpyHostToDevice), "copy");
-        DeviceError* error = device_alloc<DeviceError>(1);
-        cuda_ok(cudaMemset(error, 0, sizeof(DeviceError)), "cudaMemset");
+        ControlBlock* control = device_alloc<ControlBlock>(1);
+        cuda_ok(cudaMemset(control, 0, sizeof(ControlBlock)), "cudaMemset");
         uint32_t* prefix = device_alloc<uint32_t>(max_experts + 1);
 
         for (uint32_t experts : expert_counts) {
@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
               operands.groups = gemm::GroupRows{prefix, experts, 0};
               operands.expected_rows_per_group = tokens;
               operands.timeout_ns = 10'000'000'000ull;
-              operands.error = error;
+              operands.control = control;
               const uint64_t total_rows = host_prefix.back();
               const int repeats = total_rows > 100000 ? 5 : 20;
               const double us = time_us(
@@ -203,7 +203,7 @@ int main(int argc, char** argv) {
                   },
                   stream, repeats, 2);
               DeviceError recorded{};
-              cuda_ok(cudaMemcpy(&recorded, error, sizeof(recorded), cudaMemcpyDeviceToHost), "error record");
+              cuda_ok(cudaMemcpy(&recorded, &control->error, sizeof(recorded), cudaMemcpyDeviceToHost), "error record");
               require(recorded.code == kDeviceOk, "grouped GEMM", "recorded a device error during the benchmark");
               const double flops = 2.0 * total_rows * stage.n_out * stage.k;
               const double weight_bytes = double(active) * stage.n_out * stage.k * element_bytes +
@@ -231,7 +231,7 @@ int main(int argc, char** argv) {
         for (void* pointer : {static_cast<void*>(weights), static_cast<void*>(weight_scales), static_cast<void*>(acts),
                               static_cast<void*>(act_scales), static_cast<void*>(row_weights),
                               static_cast<void*>(l1_out), static_cast<void*>(l1_out_scales),
-                              static_cast<void*>(combine), static_cast<void*>(d_sources), static_cast<void*>(error),
+                              static_cast<void*>(combine), static_cast<void*>(d_sources), static_cast<void*>(control),
                               static_cast<void*>(prefix)})
           if (pointer) cudaFree(pointer);
       }
