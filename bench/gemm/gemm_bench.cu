@@ -216,7 +216,7 @@ int main(int argc, char** argv) {
                                      {"tokens_per_expert", static_cast<long long>(tokens)},
                                      {"routing", std::string(skewed ? "skewed" : "uniform")},
                                      {"block_n", static_cast<long long>(gemm::choose_block_n(
-                                                     tokens, scaled ? 64u : 128u))},
+                                                     tokens, 128u))},
                                      {"us", us},
                                      {"tflops", tflops},
                                      {"weight_gbps", weight_gbps},

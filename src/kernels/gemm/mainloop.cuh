@@ -102,10 +102,13 @@ __device__ void consume_tile(const SharedStorage<Config>& smem, RingPosition<Con
         const uint32_t row_block = first_row_block + j;
         const float weight_scale =
             row_block < group_row_blocks_end ? __ldg(args.weight_scales + row_block * args.k_blocks + kb) : 0.0f;
+        // Scales are re-read per use (volatile): kept live across both m64 blocks they would cost
+        // BLOCK_N / 4 registers and make the 128-token tile spill.
 #pragma unroll
-        for (uint32_t i = 0; i < Config::kAccRegs; ++i) {
-          const uint32_t column = 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
-          acc[j][i] += partial[i] * (weight_scale * act_scales[column]);
+        for (uint32_t i = 0; i < Config::kAccRegs; i += 2) {
+          const volatile float* scales = act_scales + 8 * (i / 4) + 2 * (lane % 4);
+          acc[j][i] += partial[i] * (weight_scale * scales[0]);
+          acc[j][i + 1] += partial[i + 1] * (weight_scale * scales[1]);
         }
       }
     } else {

@@ -18,8 +18,7 @@ struct Fp8Policy {
   static constexpr uint32_t kBlockK = 128;  // elements per K block: one 128-byte swizzled row slice
   static constexpr uint32_t kMmaK = 32;     // elements per wgmma
   static constexpr bool kScaled = true;
-  // The promotion's temporary accumulator costs N/2 more registers: N = 128 would spill.
-  static constexpr uint32_t kMaxBlockN = 64;
+  static constexpr uint32_t kMaxBlockN = 128;
   template <int N>
   using Mma = ptx::WgmmaFp8<N>;
 };
