@@ -1,8 +1,8 @@
-// megamoe: runs one MoE layer of a model preset on synthetic data and prints a summary.
+// megamoe: runs one MoE layer of a model preset on synthetic data and prints a summary (run), or
+// benchmarks it against an unfused baseline (bench).
 // Exit codes: 0 success, 1 the run failed, 2 bad command line.
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -13,6 +13,8 @@
 
 #include "cli/backend.h"
 #include "cli/dump.h"
+#include "cli/flags.h"
+#include "cli/layer_bench.h"
 #include "megamoe/error.h"
 #include "megamoe/formats.h"
 #include "megamoe/presets.h"
@@ -43,7 +45,8 @@ void print_usage(std::ostream& out) {
          "  --threads  CPU backend worker threads, 0 = all (default 0)\n"
          "  --dump     write inputs, outputs and used expert weights as .npy files and manifest.json\n"
          "             (tools/check_dump.py DIR recomputes y from them)\n"
-         "\npresets:\n";
+         "\n"
+      << bench_usage() << "\npresets:\n";
   for (const Preset& preset : all_presets()) {
     char line[160];
     std::snprintf(line, sizeof(line), "  %-16s %3d experts, top-%d, hidden %d, intermediate %d, %d shared, %s\n",
@@ -64,79 +67,32 @@ struct RunOptions {
   std::optional<std::string> dump_dir;
 };
 
-template <typename T>
-T parse_number(const std::string& flag, const std::string& text, T min_value, T max_value) {
-  T value{};
-  const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  require(ec == std::errc() && ptr == end && !text.empty(), flag.c_str(), "expected a whole number, got '", text,
-          "'");
-  require(value >= min_value && value <= max_value, flag.c_str(), "must be in [", min_value, ", ", max_value,
-          "], got ", value);
-  return value;
-}
-
 // Throws megamoe::Error naming the flag for anything the command line gets wrong.
 RunOptions parse_run(const std::vector<std::string>& args) {
-  std::vector<std::pair<std::string, std::string>> flags;  // in order, each at most once
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    require(arg.rfind("--", 0) == 0, arg.c_str(), "unexpected argument (flags start with --)");
-    std::string name = arg;
-    std::string value;
-    const size_t equals = arg.find('=');
-    if (equals != std::string::npos) {
-      name = arg.substr(0, equals);
-      value = arg.substr(equals + 1);
-    } else {
-      require(i + 1 < args.size(), arg.c_str(), "needs a value");
-      value = args[++i];
-    }
-    static const char* const kKnown[] = {"--preset", "--tokens", "--ranks", "--recipe", "--routing",
-                                         "--backend", "--seed",   "--threads", "--dump"};
-    require(std::find(std::begin(kKnown), std::end(kKnown), name) != std::end(kKnown), name.c_str(),
-            "unknown flag (see 'megamoe help')");
-    for (const auto& seen : flags) require(seen.first != name, name.c_str(), "given more than once");
-    flags.emplace_back(name, value);
-  }
-  auto value_of = [&flags](const char* name) -> std::optional<std::string> {
-    for (const auto& [flag, value] : flags) {
-      if (flag == name) return value;
-    }
-    return std::nullopt;
-  };
+  const Flags flags(args, {"--preset", "--tokens", "--ranks", "--recipe", "--routing", "--backend", "--seed",
+                           "--threads", "--dump"});
 
   RunOptions options;
-  const std::optional<std::string> preset_name = value_of("--preset");
-  require(preset_name.has_value(), "--preset", "is required (see 'megamoe help' for the names)");
-  try {
-    options.preset = &find_preset(*preset_name);
-  } catch (const Error& error) {
-    throw Error(std::string("--") + error.what());
-  }
+  options.preset = &preset_flag(flags);
   const Preset& preset = *options.preset;
-
   options.tokens = preset.default_tokens;
-  if (auto text = value_of("--tokens")) options.tokens = parse_number<int32_t>("--tokens", *text, 0, 1 << 20);
-  int32_t ranks = preset.default_ranks;
-  if (auto text = value_of("--ranks")) ranks = parse_number<int32_t>("--ranks", *text, 1, kMaxRanks);
-  require(preset.num_experts % ranks == 0, "--ranks", "must divide the ", preset.num_experts, " experts of ",
-          preset.name, ", got ", ranks);
+  if (auto text = flags.value("--tokens")) options.tokens = parse_number<int32_t>("--tokens", *text, 0, 1 << 20);
+  const int32_t ranks = ranks_flag(flags, preset);
   options.problem = preset_problem(preset, ranks, std::max<int32_t>(options.tokens, 1));
-  if (auto text = value_of("--recipe")) {
+  if (auto text = flags.value("--recipe")) {
     require(parse_recipe(*text, options.problem.recipe), "--recipe", "must be fp8, fp8_fp4 or bf16, got '", *text,
             "'");
   }
-  if (auto text = value_of("--routing")) {
+  if (auto text = flags.value("--routing")) {
     require(parse_routing(*text, options.routing), "--routing", "must be uniform, zipf or one_expert, got '", *text,
             "'");
   }
-  if (auto text = value_of("--backend")) {
+  if (auto text = flags.value("--backend")) {
     require(parse_backend(*text, options.backend), "--backend", "must be auto, cpu or gpu, got '", *text, "'");
   }
-  if (auto text = value_of("--seed")) options.seed = parse_number<uint64_t>("--seed", *text, 0, UINT64_MAX);
-  if (auto text = value_of("--threads")) options.threads = parse_number<int>("--threads", *text, 0, 1024);
-  if (auto text = value_of("--dump")) {
+  if (auto text = flags.value("--seed")) options.seed = parse_number<uint64_t>("--seed", *text, 0, UINT64_MAX);
+  if (auto text = flags.value("--threads")) options.threads = parse_number<int>("--threads", *text, 0, 1024);
+  if (auto text = flags.value("--dump")) {
     require(!text->empty(), "--dump", "needs a directory");
     options.dump_dir = *text;
   }
@@ -274,6 +230,23 @@ int run(const RunOptions& options) {
   return 0;
 }
 
+int bench_main(const std::vector<std::string>& args) {
+  BenchOptions options;
+  try {
+    options = parse_bench(args);
+  } catch (const Error& error) {
+    std::cerr << "megamoe: " << error.what() << "\n";
+    return kExitUsage;
+  }
+  try {
+    run_bench(options);
+    return 0;
+  } catch (const std::exception& error) {
+    std::cerr << "megamoe: error: " << error.what() << "\n";
+    return kExitFailure;
+  }
+}
+
 int cli_main(const std::vector<std::string>& args) {
   if (args.empty()) {
     print_usage(std::cerr);
@@ -284,8 +257,9 @@ int cli_main(const std::vector<std::string>& args) {
     print_usage(std::cout);
     return 0;
   }
+  if (command == "bench") return bench_main(std::vector<std::string>(args.begin() + 1, args.end()));
   if (command != "run") {
-    std::cerr << "megamoe: unknown command '" << command << "' (commands: run, help)\n";
+    std::cerr << "megamoe: unknown command '" << command << "' (commands: run, bench, help)\n";
     return kExitUsage;
   }
   RunOptions options;

@@ -1,0 +1,44 @@
+// Command-line flags of the megamoe commands: "--name value" or "--name=value", each at most once.
+// Every mistake throws megamoe::Error whose message starts with the flag it is about.
+#pragma once
+
+#include <charconv>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "megamoe/error.h"
+#include "megamoe/presets.h"
+
+namespace megamoe::cli {
+
+class Flags {
+ public:
+  // Throws for an argument that is not a flag, a flag not in `known`, a repeated flag, a missing value.
+  Flags(const std::vector<std::string>& args, std::initializer_list<const char*> known);
+
+  std::optional<std::string> value(const char* name) const;
+
+ private:
+  std::vector<std::pair<std::string, std::string>> values_;  // in command-line order
+};
+
+template <typename T>
+T parse_number(const std::string& flag, const std::string& text, T min_value, T max_value) {
+  T value{};
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  require(ec == std::errc() && ptr == end && !text.empty(), flag.c_str(), "expected a whole number, got '", text, "'");
+  require(value >= min_value && value <= max_value, flag.c_str(), "must be in [", min_value, ", ", max_value, "], got ",
+          value);
+  return value;
+}
+
+// --preset (required): the named preset.
+const Preset& preset_flag(const Flags& flags);
+// --ranks: expert-parallel ranks, which must divide the preset's experts; the preset's default if absent.
+int32_t ranks_flag(const Flags& flags, const Preset& preset);
+
+}  // namespace megamoe::cli

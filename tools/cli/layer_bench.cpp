@@ -1,0 +1,662 @@
+#include "cli/layer_bench.h"
+
+#include <cuda_runtime_api.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <type_traits>
+
+#include "bench/common/ceilings.h"
+#include "bench/common/report.h"
+#include "cli/device_memory.h"
+#include "cli/flags.h"
+#include "cli/unfused_baseline.h"
+#include "comm/check.h"
+#include "comm/launcher.h"
+#include "megamoe/comm.h"
+#include "megamoe/device_batch.h"
+#include "megamoe/device_weights.h"
+#include "megamoe/error.h"
+#include "megamoe/formats.h"
+#include "megamoe/layer.h"
+
+namespace megamoe::cli {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr int kWarmups = 2;
+// The baseline's correctness check: bf16, this many tokens per rank, against the fused layer's y.
+constexpr int32_t kCheckTokens = 32;
+constexpr double kCheckBound = 1e-2;
+
+// ---- Shared memory between the launching process and the rank processes -----------------------
+
+// An array in anonymous shared memory, mapped before the ranks fork, so that what rank processes
+// (or emulated rank threads) write is seen by the launching process.
+template <typename T>
+class SharedArray {
+  static_assert(std::is_trivially_copyable_v<T>);
+
+ public:
+  SharedArray(size_t count, const T& initial) : bytes_(std::max<size_t>(count, 1) * sizeof(T)) {
+    void* base = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    require(base != MAP_FAILED, "bench", "could not map ", bytes_, " bytes of shared memory: ", std::strerror(errno));
+    data_ = static_cast<T*>(base);
+    std::fill_n(data_, count, initial);
+  }
+  ~SharedArray() { munmap(data_, bytes_); }
+  SharedArray(const SharedArray&) = delete;
+  SharedArray& operator=(const SharedArray&) = delete;
+
+  T& operator[](size_t index) const { return data_[index]; }
+
+ private:
+  size_t bytes_;
+  T* data_ = nullptr;
+};
+
+// What a rank measured for one token count (or for the baseline check); NaN where not measured.
+struct RankMeasures {
+  double fused_us = kNaN;  // median over the repeats
+  double baseline_us = kNaN;
+  double diff_squares = kNaN;      // sum over this rank's y of (baseline - fused)^2
+  double fused_squares = kNaN;     // sum of fused^2
+  int64_t baseline_nonfinite = 0;  // NaN or infinite values in the baseline's y
+};
+
+// sqrt(sum of diff^2 / sum of fused^2) over every rank.
+double normalized_error(const RankMeasures* measures, int32_t ranks) {
+  double diff = 0, norm = 0;
+  for (int32_t r = 0; r < ranks; ++r) {
+    diff += measures[r].diff_squares;
+    norm += measures[r].fused_squares;
+  }
+  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+// ---- Ceilings, measured in a child process ---------------------------------------------------
+
+// GPU 0 -> GPU 1 copy of 256 MiB (with peer access where the GPUs allow it), bytes per second.
+double peer_copy_gbps() {
+  constexpr size_t kBytes = 256ull << 20;
+  void* source = nullptr;
+  void* destination = nullptr;
+  MEGAMOE_CHECK_CUDA(cudaSetDevice(1));
+  MEGAMOE_CHECK_CUDA(cudaMalloc(&destination, kBytes));
+  MEGAMOE_CHECK_CUDA(cudaSetDevice(0));
+  MEGAMOE_CHECK_CUDA(cudaMalloc(&source, kBytes));
+  MEGAMOE_CHECK_CUDA(cudaMemset(source, 1, kBytes));
+  int can_access = 0;
+  MEGAMOE_CHECK_CUDA(cudaDeviceCanAccessPeer(&can_access, 0, 1));
+  if (can_access) {
+    const cudaError_t enabled = cudaDeviceEnablePeerAccess(1, 0);
+    require(enabled == cudaSuccess || enabled == cudaErrorPeerAccessAlreadyEnabled, "cudaDeviceEnablePeerAccess(1)",
+            "failed: ", cudaGetErrorString(enabled));
+    cudaGetLastError();  // clears cudaErrorPeerAccessAlreadyEnabled
+  }
+  cudaStream_t stream = nullptr;
+  MEGAMOE_CHECK_CUDA(cudaStreamCreate(&stream));
+  const double us = bench::time_us(
+      [&] { MEGAMOE_CHECK_CUDA(cudaMemcpyPeerAsync(destination, 1, source, 0, kBytes, stream)); }, stream, 10, 2);
+  MEGAMOE_CHECK_CUDA(cudaStreamDestroy(stream));
+  MEGAMOE_CHECK_CUDA(cudaFree(source));
+  MEGAMOE_CHECK_CUDA(cudaSetDevice(1));
+  MEGAMOE_CHECK_CUDA(cudaFree(destination));
+  return kBytes / (us * 1e-6) / 1e9;
+}
+
+// In a child process: this one must stay free of CUDA to fork NCCL ranks afterwards.
+Ceilings measure_ceilings_in_child(int32_t gpus) {
+  SharedArray<Ceilings> result(1, Ceilings{kNaN, kNaN, kNaN, kNaN});
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = fork();
+  require(pid >= 0, "bench", "could not fork the process that measures the ceilings: ", std::strerror(errno));
+  if (pid == 0) {
+    int status = 1;
+    try {
+      // This child runs no emulated ranks, so cuBLASLt's many kernels may load lazily, as CUDA's default
+      // has it (the launcher asks for eager loading on behalf of emulated ranks).
+      setenv("CUDA_MODULE_LOADING", "LAZY", 1);
+      MEGAMOE_CHECK_CUDA(cudaSetDevice(0));
+      Ceilings measured;
+      measured.hbm_copy_gbps = bench::hbm_copy_gbps();
+      measured.fp8_dense_tflops = bench::fp8_dense_tflops();
+      measured.bf16_dense_tflops = bench::bf16_dense_tflops();
+      measured.peer_copy_gbps = gpus >= 2 ? peer_copy_gbps() : kNaN;
+      result[0] = measured;
+      status = 0;
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "megamoe: bench: measuring the ceilings failed: %s\n", error.what());
+    }
+    std::fflush(stdout);
+    std::fflush(stderr);
+    _exit(status);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    require(errno == EINTR, "bench", "lost the process measuring the ceilings: ", std::strerror(errno));
+  }
+  require(WIFEXITED(status) && WEXITSTATUS(status) == 0, "bench", "measuring the ceilings failed (see above; status ",
+          status, ")");
+  return result[0];
+}
+
+// ---- One rank --------------------------------------------------------------------------------
+
+// Everything the ranks need, made before they start.
+struct BenchData {
+  Problem problem;                              // `rank` is set by each rank
+  std::vector<std::vector<RankBatch>> batches;  // [size][rank]
+  Problem check_problem;                        // bf16, kCheckTokens
+  std::vector<RankBatch> check_batches;         // [rank]; empty with emulated ranks
+  uint64_t seed = 1;
+  int32_t repeats = 10;
+};
+
+class EventPair {
+ public:
+  EventPair() {
+    MEGAMOE_CHECK_CUDA(cudaEventCreate(&start));
+    MEGAMOE_CHECK_CUDA(cudaEventCreate(&stop));
+  }
+  ~EventPair() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+  EventPair(const EventPair&) = delete;
+  EventPair& operator=(const EventPair&) = delete;
+  cudaEvent_t start = nullptr, stop = nullptr;
+};
+
+// Median time of `call` on `stream` over `repeats` calls after kWarmups: the ranks line up (host
+// barrier) before each call, events bracket it, and the host waits for it before the next one. A
+// host synchronization inside `call` is part of its time.
+double median_call_us(Communicator& comm, cudaStream_t stream, int32_t repeats, const std::function<void()>& call) {
+  for (int i = 0; i < kWarmups; ++i) call();
+  MEGAMOE_CHECK_CUDA(cudaStreamSynchronize(stream));
+  EventPair events;
+  std::vector<float> times;
+  for (int32_t i = 0; i < repeats; ++i) {
+    comm.barrier();
+    MEGAMOE_CHECK_CUDA(cudaEventRecord(events.start, stream));
+    call();
+    MEGAMOE_CHECK_CUDA(cudaEventRecord(events.stop, stream));
+    MEGAMOE_CHECK_CUDA(cudaEventSynchronize(events.stop));
+    float ms = 0;
+    MEGAMOE_CHECK_CUDA(cudaEventElapsedTime(&ms, events.start, events.stop));
+    times.push_back(ms);
+  }
+  std::sort(times.begin(), times.end());
+  return 1000.0 * times[times.size() / 2];
+}
+
+void call_fused(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
+                cudaStream_t stream) {
+  if (buffer.problem().recipe == Recipe::fp8)
+    fp8_mega_moe(buffer, inputs, weights, y, stream);
+  else
+    bf16_mega_moe(buffer, inputs, weights, y, stream);
+}
+
+// Compares the baseline's y with the fused layer's (both [tokens, hidden] BF16 on the device).
+void compare_outputs(const uint16_t* fused, const uint16_t* baseline, int64_t count, cudaStream_t stream,
+                     RankMeasures& measures) {
+  std::vector<uint16_t> fused_host(static_cast<size_t>(count)), baseline_host(static_cast<size_t>(count));
+  MEGAMOE_CHECK_CUDA(
+      cudaMemcpyAsync(fused_host.data(), fused, count * sizeof(uint16_t), cudaMemcpyDeviceToHost, stream));
+  MEGAMOE_CHECK_CUDA(
+      cudaMemcpyAsync(baseline_host.data(), baseline, count * sizeof(uint16_t), cudaMemcpyDeviceToHost, stream));
+  MEGAMOE_CHECK_CUDA(cudaStreamSynchronize(stream));
+  double diff = 0, norm = 0;
+  int64_t nonfinite = 0;
+  for (size_t i = 0; i < fused_host.size(); ++i) {
+    const double want = bf16_to_float(fused_host[i]), got = bf16_to_float(baseline_host[i]);
+    if (!std::isfinite(got)) ++nonfinite;
+    diff += (got - want) * (got - want);
+    norm += want * want;
+  }
+  measures.diff_squares = diff;
+  measures.fused_squares = norm;
+  measures.baseline_nonfinite = nonfinite;
+}
+
+TensorView y_view(void* data, int64_t tokens, int32_t hidden) {
+  return TensorView::contiguous(data, DType::bf16, {tokens, hidden}, Device::cuda);
+}
+
+// The baseline against the fused layer on a small bf16 problem, where both compute the recipe's math.
+// Every rank learns every rank's result, so all of them stop together when the baseline is wrong.
+void check_baseline(Communicator& comm, const BenchData& data, RankMeasures& result) {
+  Problem p = data.check_problem;
+  p.rank = comm.rank();
+  const RankBatch& batch = data.check_batches[static_cast<size_t>(p.rank)];
+  cudaStream_t stream = comm.stream();
+  SymmBuffer buffer(comm, p);
+  const auto weights = DeviceWeights::synthetic(p, data.seed);
+  DeviceBatch inputs(p, batch.num_tokens);
+  DeviceArena memory;
+  const int64_t elements = int64_t{batch.num_tokens} * p.hidden;
+  uint16_t* fused_y = memory.allocate<uint16_t>(elements, "bench: fused y (check)");
+  uint16_t* baseline_y = memory.allocate<uint16_t>(elements, "bench: baseline y (check)");
+  inputs.fill(batch, stream);
+  UnfusedBaseline unfused(comm, p, weights->view());
+  comm.barrier();
+
+  bf16_mega_moe(buffer, inputs.inputs(), weights->view(), y_view(fused_y, batch.num_tokens, p.hidden), stream);
+  buffer.check_device_error(stream);
+  unfused.run(inputs.inputs(), y_view(baseline_y, batch.num_tokens, p.hidden), stream);
+  MEGAMOE_CHECK_CUDA(cudaStreamSynchronize(stream));
+  compare_outputs(fused_y, baseline_y, elements, stream, result);
+
+  std::vector<uint8_t> mine(sizeof(RankMeasures));
+  std::memcpy(mine.data(), &result, sizeof(RankMeasures));
+  const std::vector<std::vector<uint8_t>> everyone = comm.all_gather(mine);
+  std::vector<RankMeasures> all(everyone.size());
+  for (size_t r = 0; r < everyone.size(); ++r) std::memcpy(&all[r], everyone[r].data(), sizeof(RankMeasures));
+  const double error = normalized_error(all.data(), static_cast<int32_t>(all.size()));
+  require(error < kCheckBound, "bench", "the unfused baseline's y differs from the fused layer's on the bf16 check (",
+          kCheckTokens, " tokens per rank): normalized error ", error, " >= ", kCheckBound,
+          "; not timing a broken baseline");
+}
+
+void bench_rank(Communicator& comm, const BenchData& data, const SharedArray<RankMeasures>& measures,
+                const SharedArray<RankMeasures>& checks) {
+  const int32_t rank = comm.rank();
+  const int32_t ranks = comm.size();
+  const bool with_baseline = !comm.emulated();
+  cudaStream_t stream = comm.stream();
+  if (with_baseline) check_baseline(comm, data, checks[static_cast<size_t>(rank)]);
+
+  Problem p = data.problem;
+  p.rank = rank;
+  SymmBuffer buffer(comm, p);
+  const auto weights = DeviceWeights::synthetic(p, data.seed);
+  std::vector<std::unique_ptr<DeviceBatch>> inputs;
+  for (const std::vector<RankBatch>& size : data.batches)
+    inputs.push_back(std::make_unique<DeviceBatch>(p, size[static_cast<size_t>(rank)].num_tokens));
+  DeviceArena memory;
+  const int64_t max_elements = int64_t{p.max_tokens_per_rank} * p.hidden;
+  uint16_t* fused_y = memory.allocate<uint16_t>(max_elements, "bench: fused y");
+  uint16_t* baseline_y = with_baseline ? memory.allocate<uint16_t>(max_elements, "bench: baseline y") : nullptr;
+  for (size_t s = 0; s < data.batches.size(); ++s) inputs[s]->fill(data.batches[s][static_cast<size_t>(rank)], stream);
+  const std::unique_ptr<UnfusedBaseline> unfused =
+      with_baseline ? std::make_unique<UnfusedBaseline>(comm, p, weights->view()) : nullptr;
+  comm.barrier();  // every rank has allocated before any rank launches
+
+  for (size_t s = 0; s < data.batches.size(); ++s) {
+    const LayerInputs& in = inputs[s]->inputs();
+    const TensorView fused_out = y_view(fused_y, in.num_tokens, p.hidden);
+    RankMeasures m;
+    m.fused_us =
+        median_call_us(comm, stream, data.repeats, [&] { call_fused(buffer, in, weights->view(), fused_out, stream); });
+    buffer.check_device_error(stream);
+    if (unfused) {
+      const TensorView baseline_out = y_view(baseline_y, in.num_tokens, p.hidden);
+      m.baseline_us = median_call_us(comm, stream, data.repeats, [&] { unfused->run(in, baseline_out, stream); });
+      MEGAMOE_CHECK_CUDA(cudaStreamSynchronize(stream));
+      compare_outputs(fused_y, baseline_y, int64_t{in.num_tokens} * p.hidden, stream, m);
+    }
+    measures[s * static_cast<size_t>(ranks) + static_cast<size_t>(rank)] = m;
+    if (rank == 0) {
+      std::fprintf(stderr, "bench: %d tokens/rank: rank 0 fused %.1f us, baseline %.1f us\n", in.num_tokens, m.fused_us,
+                   m.baseline_us);
+    }
+  }
+  comm.barrier();  // no rank frees its buffer while another still uses it
+}
+
+// ---- Report ----------------------------------------------------------------------------------
+
+std::string format(double value, const char* spec) {
+  if (std::isnan(value)) return "n/a";
+  char text[32];
+  std::snprintf(text, sizeof(text), spec, value);
+  return text;
+}
+
+const char* limiting_floor(const Floors& floors) {
+  const double largest = floors.largest_us();
+  if (largest == floors.compute_us) return "compute";
+  if (largest == floors.hbm_us) return "hbm";
+  return "nvlink";
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+// ---- Command line ------------------------------------------------------------------------------
+
+const char* bench_usage() {
+  return "  megamoe bench --preset NAME [--ranks R] [--tokens LIST] [--recipe fp8|bf16]\n"
+         "                [--routing uniform|zipf] [--seed S] [--repeats N] --out FILE\n"
+         "\n"
+         "Times the whole layer and an unfused baseline (NCCL all-to-all, cuBLASLt per-expert GEMMs and\n"
+         "permute/SwiGLU/combine kernels) for each token count, with floors from ceilings measured in\n"
+         "the same run, and writes the results as JSON (shared/bench-results.md, benchmark \"layer\").\n"
+         "With fewer Hopper GPUs than ranks the ranks are emulated on GPU 0 and only the fused layer runs.\n"
+         "  --tokens   tokens per rank, comma-separated (default 1,8,128,512,2048,8192)\n"
+         "  --repeats  timed calls per size; the median is reported (default 10)\n"
+         "  --out      the JSON results file (its directory must exist)\n";
+}
+
+BenchOptions parse_bench(const std::vector<std::string>& args) {
+  const Flags flags(args, {"--preset", "--ranks", "--tokens", "--recipe", "--routing", "--seed", "--repeats", "--out"});
+  BenchOptions options;
+  options.command = "megamoe bench";
+  for (const std::string& arg : args) options.command += " " + arg;
+  options.preset = &preset_flag(flags);
+  const Preset& preset = *options.preset;
+  const int32_t ranks = ranks_flag(flags, preset);
+
+  options.tokens = kDefaultBenchTokens;
+  if (auto text = flags.value("--tokens")) {
+    options.tokens.clear();
+    std::stringstream list(*text);
+    std::string item;
+    while (std::getline(list, item, ',')) options.tokens.push_back(parse_number<int32_t>("--tokens", item, 1, 1 << 20));
+    require(!options.tokens.empty() && text->back() != ',', "--tokens",
+            "expected a comma-separated list of token counts, got '", *text, "'");
+  }
+  options.problem = preset_problem(preset, ranks, *std::max_element(options.tokens.begin(), options.tokens.end()));
+  if (auto text = flags.value("--recipe")) {
+    Recipe recipe = Recipe::fp8;
+    require(parse_recipe(*text, recipe) && recipe != Recipe::fp8_fp4, "--recipe",
+            "must be fp8 or bf16 (the recipes with GPU kernels), got '", *text, "'");
+    options.problem.recipe = recipe;
+  }
+  require(options.problem.recipe != Recipe::fp8_fp4, "--recipe", "preset ", preset.name,
+          " defaults to fp8_fp4, which has no GPU kernels; pass --recipe fp8 or bf16");
+  if (auto text = flags.value("--routing")) {
+    require(parse_routing(*text, options.routing) && options.routing != Routing::one_expert, "--routing",
+            "must be uniform or zipf, got '", *text, "'");
+  }
+  if (auto text = flags.value("--seed")) options.seed = parse_number<uint64_t>("--seed", *text, 0, UINT64_MAX);
+  if (auto text = flags.value("--repeats")) options.repeats = parse_number<int32_t>("--repeats", *text, 1, 10000);
+  const std::optional<std::string> out = flags.value("--out");
+  require(out.has_value() && !out->empty(), "--out", "is required: the JSON results file to write");
+  const std::filesystem::path directory = std::filesystem::path(*out).parent_path();
+  require(directory.empty() || std::filesystem::is_directory(directory), "--out", "directory '", directory.string(),
+          "' does not exist");
+  options.out = *out;
+  validate(options.problem);
+  return options;
+}
+
+// ---- Work model --------------------------------------------------------------------------------
+
+std::vector<RankWork> layer_work(const Problem& p, const std::vector<RankBatch>& batches) {
+  require(batches.size() == static_cast<size_t>(p.num_ranks), "batches", "must have one entry per rank (", p.num_ranks,
+          "), got ", batches.size());
+  const int32_t local_experts = p.experts_per_rank();
+  std::vector<RankWork> work(static_cast<size_t>(p.num_ranks));
+  std::vector<bool> active(static_cast<size_t>(p.num_experts), false);
+  for (int32_t source = 0; source < p.num_ranks; ++source) {
+    const RankBatch& batch = batches[static_cast<size_t>(source)];
+    RankWork& sender = work[static_cast<size_t>(source)];
+    sender.tokens = batch.num_tokens;
+    for (const int32_t expert : batch.topk_idx) {
+      if (expert < 0 || expert >= p.num_experts) continue;
+      const int32_t owner = expert / local_experts;
+      RankWork& receiver = work[static_cast<size_t>(owner)];
+      ++sender.routes_sent;
+      ++receiver.routes_received;
+      active[static_cast<size_t>(expert)] = true;
+      if (owner == source) continue;
+      ++sender.remote_sent;
+      ++receiver.remote_received;
+    }
+  }
+  for (int32_t expert = 0; expert < p.num_experts; ++expert)
+    if (active[static_cast<size_t>(expert)]) ++work[static_cast<size_t>(expert / local_experts)].active_experts;
+
+  const bool scaled = has_activation_scales(p.recipe);
+  const double act = activation_bytes(p.recipe);
+  const double h = p.hidden, i = p.intermediate, si = static_cast<double>(p.num_shared_experts) * p.intermediate;
+  const bool shared = p.num_shared_experts > 0;
+  // A row of k activations with its 1x128 FP32 scales.
+  auto row_bytes = [&](double k) { return k * act + (scaled ? k / kScaleBlock * 4 : 0); };
+  // One expert of this intermediate size as stored: W1 [2I][H], W2 [H][I], FP32 scales per 64 x 128.
+  auto expert_bytes = [&](double intermediate) {
+    return 3 * intermediate * h * act +
+           (scaled ? 4 * (2 * intermediate / 64 * (h / 128) + h / 64 * (intermediate / 128)) : 0);
+  };
+  const double bf16_row = h * 2;
+  for (RankWork& w : work) {
+    const double tokens = static_cast<double>(w.tokens);
+    const double received = static_cast<double>(w.routes_received);
+    w.flops = 2 * received * 3 * i * h + (shared ? 2 * tokens * 3 * si * h : 0);
+    w.hbm_bytes = static_cast<double>(w.active_experts) * expert_bytes(i) +
+                  (shared && w.tokens > 0 ? expert_bytes(si) : 0) + tokens * row_bytes(h) +
+                  2 * received * (row_bytes(h) + row_bytes(i)) + (shared ? 2 * tokens * row_bytes(si) : 0) +
+                  2 * (static_cast<double>(w.routes_sent) + (shared ? tokens : 0)) * bf16_row + tokens * bf16_row;
+    w.link_out_bytes =
+        static_cast<double>(w.remote_sent) * row_bytes(h) + static_cast<double>(w.remote_received) * bf16_row;
+    w.link_in_bytes =
+        static_cast<double>(w.remote_received) * row_bytes(h) + static_cast<double>(w.remote_sent) * bf16_row;
+  }
+  return work;
+}
+
+double Floors::largest_us() const {
+  double largest = 0;
+  for (double floor : {compute_us, hbm_us, nvlink_us})
+    if (!std::isnan(floor)) largest = std::max(largest, floor);
+  return largest;
+}
+
+Floors layer_floors(const Problem& problem, const std::vector<RankWork>& work, const Ceilings& ceilings,
+                    bool emulated) {
+  // The busiest GPU's share: one rank's with a GPU per rank, all of them on the one emulating GPU.
+  auto busiest = [&](const std::function<double(const RankWork&)>& amount) {
+    double result = 0;
+    for (const RankWork& w : work) result = emulated ? result + amount(w) : std::max(result, amount(w));
+    return result;
+  };
+  const double dense_tflops = problem.recipe == Recipe::bf16 ? ceilings.bf16_dense_tflops : ceilings.fp8_dense_tflops;
+  Floors floors;
+  floors.compute_us = busiest([](const RankWork& w) { return w.flops; }) / (dense_tflops * 1e6);
+  floors.hbm_us = busiest([](const RankWork& w) { return w.hbm_bytes; }) / (ceilings.hbm_copy_gbps * 1e3);
+  double link = 0;
+  for (const RankWork& w : work) link = std::max({link, w.link_out_bytes, w.link_in_bytes});
+  floors.nvlink_us = link == 0 ? 0 : emulated ? kNaN : link / (ceilings.peer_copy_gbps * 1e3);
+  return floors;
+}
+
+Rates layer_rates(const std::vector<RankWork>& work, double us, bool emulated) {
+  double flops = 0, hbm = 0, link = 0;
+  for (const RankWork& w : work) {
+    flops += w.flops;
+    hbm += w.hbm_bytes;
+    link += w.link_out_bytes;
+  }
+  const double gpus = emulated ? 1.0 : static_cast<double>(work.size());
+  Rates rates;
+  rates.tflops = flops / gpus / (us * 1e6);
+  rates.hbm_gbps = hbm / gpus / (us * 1e3);
+  rates.nvlink_gbps = emulated ? kNaN : link / gpus / (us * 1e3);
+  return rates;
+}
+
+// ---- The run -----------------------------------------------------------------------------------
+
+void run_bench(const BenchOptions& options) {
+  const Problem& problem = options.problem;
+  const int32_t ranks = problem.num_ranks;
+  std::printf("preset: %s (%s)\n", std::string(options.preset->name).c_str(),
+              std::string(options.preset->note).c_str());
+  std::printf("problem: %s\n", describe(problem).c_str());
+  std::printf("routing %s, seed %llu, %d timed calls per size (median reported, after %d warm-up calls)\n",
+              std::string(to_string(options.routing)).c_str(), static_cast<unsigned long long>(options.seed),
+              options.repeats, kWarmups);
+
+  // Counted in a child process: this one must stay free of CUDA to fork NCCL ranks.
+  const int32_t gpus = count_hopper_gpus_in_child();
+  require(gpus >= 1, "bench", "needs a Hopper GPU; found none");
+  const bool emulated = gpus < ranks;
+  if (emulated) {
+    std::printf(
+        "mode: emulated: %d ranks on GPU 0 (%d Hopper GPU%s, fewer than the ranks); fused layer only, "
+        "each rank on its share of the multiprocessors; no baseline (it needs one NCCL process per GPU)\n",
+        ranks, gpus, gpus == 1 ? "" : "s");
+  } else {
+    std::printf("mode: processes: %d ranks, one process per GPU (NCCL); fused layer and unfused baseline\n", ranks);
+  }
+  std::fflush(stdout);
+
+  const auto inputs_start = std::chrono::steady_clock::now();
+  BenchData data;
+  data.problem = problem;
+  data.seed = options.seed;
+  data.repeats = options.repeats;
+  for (int32_t tokens : options.tokens) {
+    data.batches.push_back(synthetic_batches(problem, std::vector<int32_t>(static_cast<size_t>(ranks), tokens),
+                                             options.routing, options.seed));
+  }
+  if (!emulated) {
+    data.check_problem = problem;
+    data.check_problem.recipe = Recipe::bf16;
+    data.check_problem.max_tokens_per_rank = kCheckTokens;
+    data.check_batches =
+        synthetic_batches(data.check_problem, std::vector<int32_t>(static_cast<size_t>(ranks), kCheckTokens),
+                          options.routing, options.seed);
+  }
+  std::printf("inputs: generated on the host in %.1f s\n", seconds_since(inputs_start));
+
+  const Ceilings ceilings = measure_ceilings_in_child(gpus);
+  std::printf(
+      "ceilings (this run): HBM copy %.0f GB/s, dense FP8 %.0f TFLOP/s, dense BF16 %.0f TFLOP/s, peer copy %s GB/s\n",
+      ceilings.hbm_copy_gbps, ceilings.fp8_dense_tflops, ceilings.bf16_dense_tflops,
+      format(ceilings.peer_copy_gbps, "%.0f").c_str());
+  std::fflush(stdout);
+
+  const size_t sizes = options.tokens.size();
+  SharedArray<RankMeasures> measures(sizes * static_cast<size_t>(ranks), RankMeasures{});
+  SharedArray<RankMeasures> checks(static_cast<size_t>(ranks), RankMeasures{});
+  const int failed = run_ranks(ranks, emulated ? LaunchMode::emulated : LaunchMode::processes,
+                               [&](Communicator& comm) { bench_rank(comm, data, measures, checks); });
+  require(failed == 0, "bench", failed, " of ", ranks, " ranks failed (see above)");
+
+  const double check_error = emulated ? kNaN : normalized_error(&checks[0], ranks);
+  if (!emulated) {
+    std::printf(
+        "baseline check: bf16, %d tokens per rank, y against the fused layer's: normalized error %.3g "
+        "(bound %.0e)\n",
+        kCheckTokens, check_error, kCheckBound);
+  }
+
+  bench::Report report;
+  report.benchmark = "layer";
+  report.command = options.command;
+  report.ceilings = {{"hbm_copy_gbps", ceilings.hbm_copy_gbps},
+                     {"fp8_dense_tflops", ceilings.fp8_dense_tflops},
+                     {"bf16_dense_tflops", ceilings.bf16_dense_tflops},
+                     {"peer_copy_gbps", ceilings.peer_copy_gbps}};
+  std::printf("\n%11s | %9s %8s %9s %9s | %11s %8s %9s %9s | %7s | %8s %8s %-7s | %9s\n", "tokens/rank", "us",
+              "TFLOP/s", "HBM GB/s", "NVL GB/s", "baseline us", "TFLOP/s", "HBM GB/s", "NVL GB/s", "speedup",
+              "roofline", "(base)", "bound", "y diff");
+  std::vector<std::string> problems;  // baseline outputs that fail their check
+  for (size_t s = 0; s < sizes; ++s) {
+    const int32_t tokens = options.tokens[s];
+    const RankMeasures* row = &measures[s * static_cast<size_t>(ranks)];
+    double us = 0, baseline_us = 0;
+    int64_t nonfinite = 0;
+    for (int32_t r = 0; r < ranks; ++r) {
+      us = std::max(us, row[r].fused_us);
+      baseline_us = emulated ? kNaN : std::max(baseline_us, row[r].baseline_us);
+      nonfinite += row[r].baseline_nonfinite;
+    }
+    const double y_error = emulated ? kNaN : normalized_error(row, ranks);
+    const std::vector<RankWork> work = layer_work(problem, data.batches[s]);
+    const Floors floors = layer_floors(problem, work, ceilings, emulated);
+    const Rates fused = layer_rates(work, us, emulated);
+    const Rates baseline = layer_rates(work, baseline_us, emulated);
+    const double speedup = baseline_us / us;
+    const double roofline = floors.largest_us() / us;
+    const double baseline_roofline = floors.largest_us() / baseline_us;
+    std::printf("%11d | %9.1f %8.1f %9.0f %9s | %11s %8s %9s %9s | %7s | %8.3f %8s %-7s | %9s\n", tokens, us,
+                fused.tflops, fused.hbm_gbps, format(fused.nvlink_gbps, "%.0f").c_str(),
+                format(baseline_us, "%.1f").c_str(), format(baseline.tflops, "%.1f").c_str(),
+                format(baseline.hbm_gbps, "%.0f").c_str(), format(baseline.nvlink_gbps, "%.0f").c_str(),
+                format(speedup, "%.2fx").c_str(), roofline, format(baseline_roofline, "%.3f").c_str(),
+                limiting_floor(floors), format(y_error, "%.2e").c_str());
+    if (!emulated && nonfinite > 0)
+      problems.push_back(detail::concat(tokens, " tokens/rank: ", nonfinite, " non-finite values in the baseline's y"));
+    if (!emulated && problem.recipe == Recipe::bf16 && !(y_error < kCheckBound))
+      problems.push_back(detail::concat(tokens, " tokens/rank: the baseline's y differs from the fused layer's by ",
+                                        y_error, " (normalized, bound ", kCheckBound, ")"));
+
+    double flops = 0, hbm_bytes = 0, link_bytes = 0;
+    int64_t routes = 0;
+    for (const RankWork& w : work) {
+      flops += w.flops;
+      hbm_bytes += w.hbm_bytes;
+      link_bytes += w.link_out_bytes;
+      routes += w.routes_sent;
+    }
+    report.rows.push_back({{"recipe", std::string(to_string(problem.recipe))},
+                           {"ranks", static_cast<long long>(ranks)},
+                           {"tokens_per_rank", static_cast<long long>(tokens)},
+                           {"mode", std::string(emulated ? "emulated" : "processes")},
+                           {"routing", std::string(to_string(options.routing))},
+                           {"us", us},
+                           {"tflops", fused.tflops},
+                           {"hbm_gbps", fused.hbm_gbps},
+                           {"nvlink_gbps", fused.nvlink_gbps},
+                           {"baseline_available", static_cast<long long>(emulated ? 0 : 1)},
+                           {"baseline_us", baseline_us},
+                           {"baseline_tflops", baseline.tflops},
+                           {"baseline_hbm_gbps", baseline.hbm_gbps},
+                           {"baseline_nvlink_gbps", baseline.nvlink_gbps},
+                           {"speedup", speedup},
+                           {"roofline_fraction", roofline},
+                           {"baseline_roofline_fraction", baseline_roofline},
+                           {"floor_compute_us", floors.compute_us},
+                           {"floor_hbm_us", floors.hbm_us},
+                           {"floor_nvlink_us", floors.nvlink_us},
+                           {"flops", flops},
+                           {"hbm_bytes", hbm_bytes},
+                           {"nvlink_bytes", link_bytes},
+                           {"routes", static_cast<long long>(routes)},
+                           {"repeats", static_cast<long long>(options.repeats)},
+                           {"baseline_y_error", y_error},
+                           {"baseline_check_error", check_error}});
+  }
+  std::printf(
+      "us: the slowest rank's median; rates per GPU; roofline = the largest floor (compute, HBM, NVLink at "
+      "this run's ceilings) / us; bound: that floor; y diff: the baseline's y against the fused layer's "
+      "(normalized)%s\n",
+      emulated ? "\nmode emulated: no baseline (n/a: it needs one NCCL process per GPU); the ranks share GPU 0, "
+                 "so the floors count all ranks' work there, and there is no NVLink floor"
+               : "");
+  if (!emulated && problem.recipe == Recipe::fp8) {
+    std::printf(
+        "note: the fp8 baseline uses cuBLASLt's per-tensor FP8 scaling (same bytes and FLOPs, different "
+        "numerics from the 1x128/128x128 block-scaled recipe), so its y is only checked to be finite\n");
+  }
+  require(problems.empty(), "bench", "the baseline's output failed its check: ", [&] {
+    std::string text;
+    for (const std::string& line : problems) text += (text.empty() ? "" : "; ") + line;
+    return text;
+  }());
+  std::printf("\n");
+  bench::write_report(report, options.out);
+}
+
+}  // namespace megamoe::cli
