@@ -20,6 +20,8 @@ namespace megamoe::cli {
 namespace {
 
 constexpr size_t kWorkspaceBytes = 32ull << 20;
+// Rows of room past the last row of every GEMM operand buffer (see LtGemms::run).
+constexpr int64_t kRowSlack = 16;
 
 void cublas_ok(cublasStatus_t status, const char* call, const std::string& shape = "") {
   require(status == CUBLAS_STATUS_SUCCESS, call, "failed", shape.empty() ? "" : " for ", shape, ": ",
@@ -47,9 +49,13 @@ enum class Linear { first, second };
 // the "TN" form FP8 needs. Algorithms are chosen once per shape and kept, as a careful user would.
 class LtGemms {
  public:
-  // fp8: E4M3 operands with the per-tensor scales at scales[0..3] on the device (first-linear
-  // weights, first-linear activations, second-linear weights, second-linear activations); else BF16.
-  LtGemms(bool fp8, const float* scales) : fp8_(fp8) {
+  // fp8: E4M3 operands with the per-tensor scales scales[0..3] (first-linear weights, first-linear
+  // activations, second-linear weights, second-linear activations), applied as alpha = the product
+  // of an operand pair's scales (cuBLASLt's scale pointers failed with NOT_SUPPORTED at these shapes
+  // on the H200 with cuBLAS 13); else BF16.
+  LtGemms(bool fp8, const float (&scales)[4]) : fp8_(fp8) {
+    alpha_[0] = fp8 ? scales[0] * scales[1] : 1.0f;
+    alpha_[1] = fp8 ? scales[2] * scales[3] : 1.0f;
     cublas_ok(cublasLtCreate(&handle_), "cublasLtCreate");
     for (int i = 0; i < 2; ++i) {
       cublasLtMatmulDesc_t& desc = desc_[i];
@@ -59,15 +65,6 @@ class LtGemms {
                 "cublasLtMatmulDescSetAttribute(TRANSA)");
       cublas_ok(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none)),
                 "cublasLtMatmulDescSetAttribute(TRANSB)");
-      if (!fp8) continue;
-      const float* weight_scale = scales + 2 * i;
-      const float* activation_scale = scales + 2 * i + 1;
-      cublas_ok(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &weight_scale,
-                                               sizeof(weight_scale)),
-                "cublasLtMatmulDescSetAttribute(A_SCALE_POINTER)");
-      cublas_ok(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &activation_scale,
-                                               sizeof(activation_scale)),
-                "cublasLtMatmulDescSetAttribute(B_SCALE_POINTER)");
     }
     cublas_ok(cublasLtMatmulPreferenceCreate(&preference_), "cublasLtMatmulPreferenceCreate");
     cublas_ok(cublasLtMatmulPreferenceSetAttribute(preference_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -85,11 +82,15 @@ class LtGemms {
   LtGemms(const LtGemms&) = delete;
   LtGemms& operator=(const LtGemms&) = delete;
 
+  // FP8 cuBLASLt needs n (tokens) to be a multiple of 16: the callers' buffers hold kRowSlack rows
+  // past their last row, and experts run in order, so the padding rows an expert computes are
+  // overwritten by the next expert's real ones.
   void run(Linear linear, int32_t m, int32_t k, int32_t n, const void* weights, const void* activations, void* out,
            cudaStream_t stream) {
+    if (fp8_) n = (n + kRowSlack - 1) / kRowSlack * kRowSlack;
     const Plan& plan = plan_for(linear, m, k, n);
-    const float alpha = 1.0f, beta = 0.0f;
-    cublas_ok(cublasLtMatmul(handle_, desc_[index(linear)], &alpha, weights, plan.a, activations, plan.b, &beta, out,
+    const float beta = 0.0f;
+    cublas_ok(cublasLtMatmul(handle_, desc_[index(linear)], &alpha_[index(linear)], weights, plan.a, activations, plan.b, &beta, out,
                              plan.d, out, plan.d, &plan.algo, workspace_, kWorkspaceBytes, stream),
               "cublasLtMatmul", describe(linear, m, k, n));
   }
@@ -137,6 +138,7 @@ class LtGemms {
   }
 
   bool fp8_;
+  float alpha_[2];  // per linear: the product of its operands' per-tensor scales (1 for BF16)
   cublasLtHandle_t handle_ = nullptr;
   cublasLtMatmulDesc_t desc_[2] = {};
   cublasLtMatmulPreference_t preference_ = nullptr;
@@ -170,7 +172,7 @@ struct UnfusedBaseline::Impl {
     counts = arena.allocate<int32_t>(2ull * p.num_experts, "unfused baseline: counts");
     route_position = arena.allocate<int32_t>(max_routes, "unfused baseline: route positions");
     send_x = arena.allocate<uint8_t>(max_routes * h * act_bytes, "unfused baseline: send rows");
-    recv_x = arena.allocate<uint8_t>(max_received * h * act_bytes, "unfused baseline: received rows");
+    recv_x = arena.allocate<uint8_t>((max_received + kRowSlack) * h * act_bytes, "unfused baseline: received rows");
     if (fp8) {
       send_scales = arena.allocate<float>(max_routes * hidden_scales, "unfused baseline: send scales");
       recv_scales = arena.allocate<float>(max_received * hidden_scales, "unfused baseline: received scales");
@@ -179,30 +181,29 @@ struct UnfusedBaseline::Impl {
     expert_x = recv_x;
     expert_scales = recv_scales;
     if (p.num_ranks > 1) {
-      expert_x = arena.allocate<uint8_t>(max_received * h * act_bytes, "unfused baseline: expert-major rows");
+      expert_x = arena.allocate<uint8_t>((max_received + kRowSlack) * h * act_bytes, "unfused baseline: expert-major rows");
       if (fp8)
         expert_scales = arena.allocate<float>(max_received * hidden_scales, "unfused baseline: expert-major scales");
     }
-    l1_out = arena.allocate<uint16_t>(max_received * 2 * i, "unfused baseline: L1 output");
-    l2_in = arena.allocate<uint8_t>(max_received * i * act_bytes, "unfused baseline: L2 input");
-    l2_out = arena.allocate<uint16_t>(max_received * h, "unfused baseline: L2 output");
+    l1_out = arena.allocate<uint16_t>((max_received + kRowSlack) * 2 * i, "unfused baseline: L1 output");
+    l2_in = arena.allocate<uint8_t>((max_received + kRowSlack) * i * act_bytes, "unfused baseline: L2 input");
+    l2_out = arena.allocate<uint16_t>((max_received + kRowSlack) * h, "unfused baseline: L2 output");
     results_back = p.num_ranks > 1
                        ? arena.allocate<uint16_t>(max_received * h, "unfused baseline: source-major L2 output")
                        : l2_out;
     results = arena.allocate<uint16_t>(max_routes * h, "unfused baseline: returned results");
     if (p.num_shared_experts > 0) {
-      shared_l1_out = arena.allocate<uint16_t>(tokens * 2 * shared_intermediate, "unfused baseline: shared L1 output");
-      shared_l2_in =
-          arena.allocate<uint8_t>(tokens * shared_intermediate * act_bytes, "unfused baseline: shared L2 input");
-      shared_l2_out = arena.allocate<uint16_t>(tokens * h, "unfused baseline: shared L2 output");
+      shared_x = arena.allocate<uint8_t>((tokens + kRowSlack) * h * act_bytes, "unfused baseline: shared experts' input");
+      shared_l1_out = arena.allocate<uint16_t>((tokens + kRowSlack) * 2 * shared_intermediate, "unfused baseline: shared L1 output");
+      shared_l2_in = arena.allocate<uint8_t>((tokens + kRowSlack) * shared_intermediate * act_bytes,
+                                             "unfused baseline: shared L2 input");
+      shared_l2_out = arena.allocate<uint16_t>((tokens + kRowSlack) * h, "unfused baseline: shared L2 output");
     }
     // Per-tensor scales: weights at synthetic_weight_range(fan_in) / 448, the middle of the synthetic
     // 128x128 block scales' range (that range times [0.5, 2)); see the header for the activations.
     const float scales_host[4] = {synthetic_weight_range(p.hidden) / kE4M3Max, kActivationScale,
                                   synthetic_weight_range(p.intermediate) / kE4M3Max, kSwigluScale};
-    fp8_scales = arena.allocate<float>(4, "unfused baseline: FP8 per-tensor scales");
-    MEGAMOE_CHECK_CUDA(cudaMemcpy(fp8_scales, scales_host, sizeof(scales_host), cudaMemcpyHostToDevice));
-    gemms = std::make_unique<LtGemms>(fp8, fp8_scales);
+    gemms = std::make_unique<LtGemms>(fp8, scales_host);
   }
 
   // Host tables from the counts: rows per peer in both directions and per local expert.
@@ -323,8 +324,9 @@ struct UnfusedBaseline::Impl {
     const bool shared = p.num_shared_experts > 0 && tokens > 0;
     if (shared) {
       const int64_t si = shared_intermediate;
+      MEGAMOE_CHECK_CUDA(cudaMemcpyAsync(shared_x, in.x.data, in.x.bytes(), cudaMemcpyDeviceToDevice, stream));
       gemms->run(Linear::first, static_cast<int32_t>(2 * si), static_cast<int32_t>(h), static_cast<int32_t>(tokens),
-                 w.shared_w1.data, in.x.data, shared_l1_out, stream);
+                 w.shared_w1.data, shared_x, shared_l1_out, stream);
       baseline::swiglu(shared_l1_out, tokens, shared_intermediate, fp8, kSwigluScale, shared_l2_in, stream);
       gemms->run(Linear::second, static_cast<int32_t>(h), static_cast<int32_t>(si), static_cast<int32_t>(tokens),
                  w.shared_w2.data, shared_l2_in, shared_l2_out, stream);
@@ -359,10 +361,10 @@ struct UnfusedBaseline::Impl {
   uint16_t* l2_out = nullptr;        // expert-major
   uint16_t* results_back = nullptr;  // source-major
   uint16_t* results = nullptr;       // this rank's routes, in send order
+  uint8_t* shared_x = nullptr;  // a copy of x with kRowSlack rows of room
   uint16_t* shared_l1_out = nullptr;
   uint8_t* shared_l2_in = nullptr;
   uint16_t* shared_l2_out = nullptr;
-  float* fp8_scales = nullptr;
   std::unique_ptr<LtGemms> gemms;
 
   std::vector<int64_t> send_rows, recv_rows, expert_rows;        // per peer, per peer, per local expert
