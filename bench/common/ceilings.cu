@@ -20,15 +20,14 @@ void cublas_ok(cublasStatus_t status, const char* what) {
   require(status == CUBLAS_STATUS_SUCCESS, what, "failed with cuBLAS status ", static_cast<int>(status));
 }
 
-// Random finite values: E4M3 codes of uniform [-448, 448) or BF16 of uniform [-1, 1).
-__global__ void fill_random(uint8_t* data, uint64_t count, bool bf16, uint64_t seed) {
+__global__ void fill_random_kernel(uint8_t* data, uint64_t count, bool bf16, float bf16_magnitude, uint64_t seed) {
   for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < count; i += uint64_t{gridDim.x} * blockDim.x) {
     uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
     x ^= x >> 31;
     x *= 0xBF58476D1CE4E5B9ull;
     x ^= x >> 29;
     const float uniform = static_cast<float>(x >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
-    if (bf16) reinterpret_cast<uint16_t*>(data)[i] = float_to_bf16(uniform);
+    if (bf16) reinterpret_cast<uint16_t*>(data)[i] = float_to_bf16(uniform * bf16_magnitude);
     else data[i] = float_to_e4m3(uniform * 448.0f);
   }
 }
@@ -43,8 +42,8 @@ double dense_tflops(bool fp8) {
   cuda_ok(cudaMalloc(&b, elements * in_bytes), "cudaMalloc(B)");
   cuda_ok(cudaMalloc(&d, elements * 2), "cudaMalloc(D)");
   cuda_ok(cudaMalloc(&workspace, kWorkspace), "cudaMalloc(workspace)");
-  fill_random<<<1024, 256>>>(a, elements, !fp8, 1);
-  fill_random<<<1024, 256>>>(b, elements, !fp8, 2);
+  fill_random(a, elements, !fp8, 1.0f, 1, nullptr);
+  fill_random(b, elements, !fp8, 1.0f, 2, nullptr);
 
   cublasLtHandle_t handle;
   cublas_ok(cublasLtCreate(&handle), "cublasLtCreate");
@@ -94,6 +93,11 @@ double dense_tflops(bool fp8) {
 }
 
 }  // namespace
+
+void fill_random(void* data, uint64_t count, bool bf16, float bf16_magnitude, uint64_t seed, cudaStream_t stream) {
+  fill_random_kernel<<<4096, 256, 0, stream>>>(static_cast<uint8_t*>(data), count, bf16, bf16_magnitude, seed);
+  cuda_ok(cudaGetLastError(), "fill_random launch");
+}
 
 double time_us(const std::function<void()>& work, cudaStream_t stream, int repeats, int warmups) {
   for (int i = 0; i < warmups; ++i) work();

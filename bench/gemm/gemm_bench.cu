@@ -28,19 +28,6 @@ void cuda_ok(cudaError_t status, const char* what) {
   require(status == cudaSuccess, what, "failed: ", cudaGetErrorString(status));
 }
 
-// Random finite operands (never zeros: they hide unwritten outputs and run faster than real data).
-__global__ void fill_operand(uint8_t* data, uint64_t count, bool bf16, uint64_t seed) {
-  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < count; i += uint64_t{gridDim.x} * blockDim.x) {
-    uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
-    x ^= x >> 31;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 29;
-    const float uniform = static_cast<float>(x >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
-    if (bf16) reinterpret_cast<uint16_t*>(data)[i] = float_to_bf16(uniform * 0.05f);
-    else data[i] = float_to_e4m3(uniform * 448.0f);
-  }
-}
-
 __global__ void fill_value(float* data, uint64_t count, float value) {
   for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < count; i += uint64_t{gridDim.x} * blockDim.x)
     data[i] = value;
@@ -139,8 +126,8 @@ int main(int argc, char** argv) {
         float* weight_scales = device_alloc<float>(uint64_t{max_experts} * (stage.n_out / 64) * (stage.k / 128));
         uint8_t* acts = device_alloc<uint8_t>(max_rows * stage.k * element_bytes);
         float* act_scales = device_alloc<float>(max_rows * (stage.k / 128));
-        fill_operand<<<4096, 256, 0, stream>>>(weights, weight_elements, !scaled, 7);
-        fill_operand<<<4096, 256, 0, stream>>>(acts, max_rows * stage.k, !scaled, 11);
+        fill_random(weights, weight_elements, !scaled, 0.05f, 7, stream);
+        fill_random(acts, max_rows * stage.k, !scaled, 0.05f, 11, stream);
         fill_value<<<1024, 256, 0, stream>>>(weight_scales, uint64_t{max_experts} * (stage.n_out / 64) * (stage.k / 128),
                                              1.0f / 4096.0f);
         fill_value<<<1024, 256, 0, stream>>>(act_scales, max_rows * (stage.k / 128), 1.0f / 448.0f);

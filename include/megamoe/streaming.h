@@ -1,22 +1,236 @@
-// Streaming chunk-ready front ring (docs/streaming.md): layout of the ring and the protocol
-// functions that producers and the MoE layer share. Filled in by the streaming work (issue 6).
+// Streaming chunk-ready front ring (docs/streaming.md): where the ring lives in a rank's symmetric
+// buffer, and the protocol steps that producers and the MoE layer share.
+//
+// Each rank's buffer holds the ring of the tokens that rank sources: num_slots slots of
+// tokens_per_slot tokens. Producers on the rank write a slot and publish it; every rank's MoE layer
+// (the consumers) waits for the slot, reads it through the peer mapping, and acknowledges it in the
+// source's buffer. The protocol steps are written once, over an atomic-access policy:
+//
+//   struct Atomics {
+//     static uint64_t load_acquire(uint64_t* word);               // system scope on the GPU
+//     static void store_release(uint64_t* word, uint64_t value);  // system scope on the GPU
+//     static uint64_t now_ns();                                    // monotonic clock for timeouts
+//     static void backoff();                                       // between two polls
+//   };
+//
+// The GPU policy is in src/kernels/streaming/ring_device.cuh; tests/streaming runs the same steps
+// over std::atomic_ref on host threads.
 #pragma once
 
 #include <cstdint>
 
 #include "megamoe/config.h"
 #include "megamoe/problem.h"
+#include "megamoe/types.h"
 
 namespace megamoe {
 
+// Sub-regions of the ring start on this boundary (a TMA-friendly base for payload rows).
+inline constexpr uint64_t kFrontAlign = 128;
+
+// The two halves of a chunk, published independently: routing (top-k ids, weights and the slot's
+// metadata) and layout (activations and their scales).
+enum class FrontHalf : uint32_t { route = 0, layout = 1 };
+
+// A slot's metadata: part of the route half.
+struct FrontSlotMeta {
+  uint32_t token_base;  // the slot's first token: its row in the source rank's tokens of the call
+  uint32_t valid;       // tokens in the slot: tokens_per_slot, fewer in a call's final chunk, 0 when empty
+  uint32_t last;        // 1 on the source rank's final chunk of the call
+  uint32_t reserved;    // pads the record to 16 bytes (one vector load)
+};
+
+struct FrontSpan {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  MEGAMOE_HD uint64_t end() const { return offset + bytes; }
+};
+
+// Sequence number seq (0, 1, 2, ... per source rank over the buffer's life) goes to slot
+// seq % num_slots with generation seq / num_slots + 1; generation 0 means never published.
+MEGAMOE_HD uint32_t front_slot(uint64_t seq, uint32_t num_slots) {
+  return static_cast<uint32_t>(seq % num_slots);
+}
+MEGAMOE_HD uint64_t front_generation(uint64_t seq, uint32_t num_slots) { return seq / num_slots + 1; }
+
+// Chunks a source rank publishes in a call with `tokens` tokens: a rank with none publishes one
+// empty chunk, so consumers learn it is done.
+MEGAMOE_HD uint32_t front_chunk_count(uint32_t tokens, uint32_t tokens_per_slot) {
+  return tokens == 0 ? 1u : (tokens + tokens_per_slot - 1) / tokens_per_slot;
+}
+
+// Metadata of chunk `chunk` (< front_chunk_count) of such a call.
+MEGAMOE_HD FrontSlotMeta front_chunk_meta(uint32_t tokens, uint32_t tokens_per_slot, uint32_t chunk) {
+  FrontSlotMeta meta{};
+  meta.token_base = chunk * tokens_per_slot;
+  const uint32_t left = tokens - meta.token_base;
+  meta.valid = left < tokens_per_slot ? left : tokens_per_slot;
+  meta.last = chunk + 1 == front_chunk_count(tokens, tokens_per_slot) ? 1u : 0u;
+  return meta;
+}
+
+// Layout of one rank's front ring. Offsets are relative to the front_ring region of BufferLayout;
+// sizes depend on the Problem but never on its rank.
+//
+//   cursors       u64 [2 + num_ranks]   the route and layout producers' next sequence numbers, then
+//                                       this rank's consumer's next sequence number per source rank
+//   ready         u64 [2][num_slots]    published generation per half (FrontHalf) and slot
+//   consumed      u64 [num_slots][num_ranks]   generation each destination rank has acknowledged
+//   meta          FrontSlotMeta [num_slots]
+//   x             [num_slots][tokens_per_slot][hidden] activation
+//   x_scales      f32 [num_slots][tokens_per_slot][hidden / 128]   fp8 recipes only
+//   topk_idx      i32 [num_slots][tokens_per_slot][top_k]
+//   topk_weights  f32 [num_slots][tokens_per_slot][top_k]
 struct FrontRingLayout {
+  uint32_t num_ranks = 0;
+  uint32_t num_slots = 0;  // 0: streaming disabled, nothing allocated
+  uint32_t tokens_per_slot = 0;
+  uint32_t top_k = 0;
+  uint32_t row_bytes = 0;     // one token's activations: hidden * activation bytes
+  uint32_t scale_blocks = 0;  // one token's activation scales: hidden / 128, 0 for bf16
+
+  FrontSpan cursors, ready, consumed, meta, x, x_scales, topk_idx, topk_weights;
   uint64_t total_bytes = 0;
 
   MEGAMOE_HD static FrontRingLayout make(const Problem& p) {
     FrontRingLayout l;
-    (void)p;
+    if (p.front_num_slots <= 0) return l;
+    l.num_ranks = static_cast<uint32_t>(p.num_ranks);
+    l.num_slots = static_cast<uint32_t>(p.front_num_slots);
+    l.tokens_per_slot = static_cast<uint32_t>(p.front_tokens_per_slot);
+    l.top_k = static_cast<uint32_t>(p.top_k);
+    l.row_bytes = static_cast<uint32_t>(p.hidden) * (p.recipe == Recipe::bf16 ? 2u : 1u);
+    l.scale_blocks = p.recipe == Recipe::bf16 ? 0u : static_cast<uint32_t>(p.hidden / kScaleBlock);
+
+    const uint64_t slots = l.num_slots;
+    const uint64_t rows = slots * l.tokens_per_slot;
+    uint64_t cursor = 0;
+    auto place = [&cursor](FrontSpan& span, uint64_t bytes) {
+      span.offset = cursor;
+      span.bytes = bytes;
+      cursor = (cursor + bytes + kFrontAlign - 1) / kFrontAlign * kFrontAlign;
+    };
+    place(l.cursors, sizeof(uint64_t) * (2ull + l.num_ranks));
+    place(l.ready, sizeof(uint64_t) * 2ull * slots);
+    place(l.consumed, sizeof(uint64_t) * slots * l.num_ranks);
+    place(l.meta, sizeof(FrontSlotMeta) * slots);
+    place(l.x, rows * l.row_bytes);
+    place(l.x_scales, sizeof(float) * rows * l.scale_blocks);
+    place(l.topk_idx, sizeof(int32_t) * rows * l.top_k);
+    place(l.topk_weights, sizeof(float) * rows * l.top_k);
+    l.total_bytes = cursor;
     return l;
   }
+
+  // Most tokens one source rank may stream in one call: a call never wraps the ring, so its
+  // producers finish without its consumers (docs/streaming.md, "Progress").
+  MEGAMOE_HD uint64_t call_capacity() const { return static_cast<uint64_t>(num_slots) * tokens_per_slot; }
+  MEGAMOE_HD bool holds_call(uint64_t tokens) const { return num_slots > 0 && tokens <= call_capacity(); }
+
+  // ---- Typed accessors, given the base of the front_ring region on some rank ----
+  template <typename T>
+  MEGAMOE_HD static T* at(void* ring, const FrontSpan& span, uint64_t element) {
+    return reinterpret_cast<T*>(static_cast<char*>(ring) + span.offset) + element;
+  }
+  MEGAMOE_HD uint64_t* producer_cursor(void* ring, FrontHalf half) const {
+    return at<uint64_t>(ring, cursors, static_cast<uint32_t>(half));
+  }
+  MEGAMOE_HD uint64_t* consumer_cursor(void* ring, uint32_t src_rank) const {
+    return at<uint64_t>(ring, cursors, 2ull + src_rank);
+  }
+  MEGAMOE_HD uint64_t* ready_word(void* ring, FrontHalf half, uint32_t slot) const {
+    return at<uint64_t>(ring, ready, static_cast<uint64_t>(half) * num_slots + slot);
+  }
+  MEGAMOE_HD uint64_t* consumed_word(void* ring, uint32_t slot, uint32_t dst_rank) const {
+    return at<uint64_t>(ring, consumed, static_cast<uint64_t>(slot) * num_ranks + dst_rank);
+  }
+  MEGAMOE_HD FrontSlotMeta* slot_meta(void* ring, uint32_t slot) const { return at<FrontSlotMeta>(ring, meta, slot); }
+  // Row t of a slot's payload views starts at t * row_bytes, t * scale_blocks and t * top_k.
+  MEGAMOE_HD uint8_t* slot_x(void* ring, uint32_t slot) const {
+    return at<uint8_t>(ring, x, static_cast<uint64_t>(slot) * tokens_per_slot * row_bytes);
+  }
+  MEGAMOE_HD float* slot_x_scales(void* ring, uint32_t slot) const {
+    return at<float>(ring, x_scales, static_cast<uint64_t>(slot) * tokens_per_slot * scale_blocks);
+  }
+  MEGAMOE_HD int32_t* slot_topk_idx(void* ring, uint32_t slot) const {
+    return at<int32_t>(ring, topk_idx, static_cast<uint64_t>(slot) * tokens_per_slot * top_k);
+  }
+  MEGAMOE_HD float* slot_topk_weights(void* ring, uint32_t slot) const {
+    return at<float>(ring, topk_weights, static_cast<uint64_t>(slot) * tokens_per_slot * top_k);
+  }
 };
+
+// ---- Protocol steps (docs/streaming.md, "Protocol") ----
+
+// What a front-ring wait was waiting for; the GPU reports these as WaitSite kWaitFrontRouteReady,
+// kWaitFrontLayoutReady and kWaitFrontConsumed.
+enum class FrontWaitFor : uint32_t { nothing = 0, route_ready, layout_ready, consumed };
+
+// The outcome of a wait: ok(), or what it gave up on.
+struct FrontWaitResult {
+  FrontWaitFor what = FrontWaitFor::nothing;
+  uint32_t peer = 0;  // the source rank of a ready wait, the destination rank of a consumed wait
+  uint32_t slot = 0;
+  uint64_t expected = 0;
+  uint64_t seen = 0;  // the word's value when the wait gave up
+  MEGAMOE_HD bool ok() const { return what == FrontWaitFor::nothing; }
+};
+
+// Polls `word` (acquire) until it holds `expected`, or until timeout_ns have passed since `start`.
+template <typename Atomics>
+MEGAMOE_HD FrontWaitResult front_wait_word(uint64_t* word, uint64_t expected, FrontWaitFor what, uint32_t peer,
+                                           uint32_t slot, uint64_t start, uint64_t timeout_ns) {
+  for (;;) {
+    const uint64_t seen = Atomics::load_acquire(word);
+    if (seen == expected) return FrontWaitResult{};
+    if (Atomics::now_ns() - start >= timeout_ns) return FrontWaitResult{what, peer, slot, expected, seen};
+    Atomics::backoff();
+  }
+}
+
+// Producer, before writing its half of chunk `seq` into its own ring: waits until every destination
+// rank has acknowledged the slot's previous generation (all of them read every chunk's routing).
+template <typename Atomics>
+MEGAMOE_HD FrontWaitResult front_wait_slot_free(const FrontRingLayout& l, void* own_ring, uint64_t seq,
+                                                uint64_t timeout_ns) {
+  const uint32_t slot = front_slot(seq, l.num_slots);
+  const uint64_t previous = front_generation(seq, l.num_slots) - 1;
+  const uint64_t start = Atomics::now_ns();
+  for (uint32_t dst = 0; dst < l.num_ranks; ++dst) {
+    const FrontWaitResult result = front_wait_word<Atomics>(l.consumed_word(own_ring, slot, dst), previous,
+                                                            FrontWaitFor::consumed, dst, slot, start, timeout_ns);
+    if (!result.ok()) return result;
+  }
+  return FrontWaitResult{};
+}
+
+// Producer, after every write of its half of chunk `seq` is complete: publishes it (release).
+template <typename Atomics>
+MEGAMOE_HD void front_publish(const FrontRingLayout& l, void* own_ring, FrontHalf half, uint64_t seq) {
+  Atomics::store_release(l.ready_word(own_ring, half, front_slot(seq, l.num_slots)),
+                         front_generation(seq, l.num_slots));
+}
+
+// Consumer, before any read of chunk `seq` of source rank src_rank (whose ring is src_ring): waits
+// until both halves are published with the chunk's generation (acquire).
+template <typename Atomics>
+MEGAMOE_HD FrontWaitResult front_wait_ready(const FrontRingLayout& l, void* src_ring, uint32_t src_rank, uint64_t seq,
+                                            uint64_t timeout_ns) {
+  const uint32_t slot = front_slot(seq, l.num_slots);
+  const uint64_t generation = front_generation(seq, l.num_slots);
+  const uint64_t start = Atomics::now_ns();
+  const FrontWaitResult route = front_wait_word<Atomics>(l.ready_word(src_ring, FrontHalf::route, slot), generation,
+                                                         FrontWaitFor::route_ready, src_rank, slot, start, timeout_ns);
+  if (!route.ok()) return route;
+  return front_wait_word<Atomics>(l.ready_word(src_ring, FrontHalf::layout, slot), generation,
+                                  FrontWaitFor::layout_ready, src_rank, slot, start, timeout_ns);
+}
+
+// Consumer dst_rank, after its last read of chunk `seq` from src_ring: hands the slot back (release).
+template <typename Atomics>
+MEGAMOE_HD void front_acknowledge(const FrontRingLayout& l, void* src_ring, uint32_t dst_rank, uint64_t seq) {
+  Atomics::store_release(l.consumed_word(src_ring, front_slot(seq, l.num_slots), dst_rank),
+                         front_generation(seq, l.num_slots));
+}
 
 }  // namespace megamoe

@@ -41,6 +41,12 @@ void validate(const Problem& p) {
   require(p.front_num_slots >= 0, "front_num_slots", "must not be negative, got ", p.front_num_slots);
   require(p.front_num_slots == 0 || p.front_tokens_per_slot >= 1, "front_tokens_per_slot",
           "must be at least 1 when front_num_slots > 0, got ", p.front_tokens_per_slot);
+  // A call must not wrap the ring: its producers would wait for its own consumer, and a serialized
+  // execution would deadlock (docs/streaming.md, "Capacity").
+  require(p.front_num_slots == 0 ||
+              int64_t{p.front_num_slots} * p.front_tokens_per_slot >= p.max_tokens_per_rank,
+          "front_num_slots", "times front_tokens_per_slot must hold max_tokens_per_rank (", p.max_tokens_per_rank,
+          ") so that a call never wraps the ring, got ", p.front_num_slots, " x ", p.front_tokens_per_slot);
 }
 
 namespace {

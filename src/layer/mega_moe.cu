@@ -64,43 +64,31 @@ dispatch::StagedCopy staged_copy(const TensorView& source, char* destination) {
           static_cast<uint64_t>(source.bytes()) / 4};
 }
 
-gemm::GemmOperands routed_operands(const Problem& p, const BufferLayout& l, char* local, const void* weights,
-                                   const void* weight_scales, bool first_linear, uint32_t expected_rows) {
+// The GEMM operands of one linear over the routed experts (the expert-major pool, one group per local
+// expert, rows from expert_rows) or over the concatenated shared experts (this rank's tokens, one
+// group of `rows`). `rows` is also the expected rows per group, which picks the token tile.
+gemm::GemmOperands expert_operands(const Problem& p, const BufferLayout& l, char* local, uint64_t timeout_ns,
+                                   const TensorView& weights, const TensorView& weight_scales, bool first_linear,
+                                   bool shared, uint32_t rows) {
+  const uint32_t intermediate = shared ? l.shared_intermediate : static_cast<uint32_t>(p.intermediate);
+  const uint32_t hidden = static_cast<uint32_t>(p.hidden);
+  const Region& acts = first_linear ? (shared ? l.x : l.l1_pool) : (shared ? l.shared_l2 : l.l2_pool);
+  const Region& act_scales = first_linear ? (shared ? l.shared_x_scales : l.l1_pool_scales)
+                                          : (shared ? l.shared_l2_scales : l.l2_pool_scales);
   gemm::GemmOperands o;
   o.recipe = p.recipe;
-  o.num_groups = l.experts_per_rank;
-  o.n_out = first_linear ? 2u * p.intermediate : static_cast<uint32_t>(p.hidden);
-  o.k = first_linear ? static_cast<uint32_t>(p.hidden) : static_cast<uint32_t>(p.intermediate);
-  o.weights = weights;
-  o.weight_scales = static_cast<const float*>(weight_scales);
-  o.acts = local + (first_linear ? l.l1_pool.offset : l.l2_pool.offset);
-  o.act_scales = p.recipe == Recipe::fp8
-                     ? BufferLayout::at<float>(local, first_linear ? l.l1_pool_scales : l.l2_pool_scales)
-                     : nullptr;
-  o.act_rows = l.pool_rows;
-  o.groups = gemm::GroupRows{BufferLayout::at<uint32_t>(local, l.expert_rows), l.experts_per_rank, 0};
-  o.expected_rows_per_group = expected_rows;
-  o.control = l.control_block(local);
-  o.rank = static_cast<uint32_t>(p.rank);
-  return o;
-}
-
-gemm::GemmOperands shared_operands(const Problem& p, const BufferLayout& l, char* local, const void* weights,
-                                   const void* weight_scales, bool first_linear, uint32_t num_tokens) {
-  gemm::GemmOperands o;
-  o.recipe = p.recipe;
-  o.num_groups = 1;
-  o.n_out = first_linear ? 2u * l.shared_intermediate : static_cast<uint32_t>(p.hidden);
-  o.k = first_linear ? static_cast<uint32_t>(p.hidden) : l.shared_intermediate;
-  o.weights = weights;
-  o.weight_scales = static_cast<const float*>(weight_scales);
-  o.acts = local + (first_linear ? l.x.offset : l.shared_l2.offset);
-  o.act_scales = p.recipe == Recipe::fp8
-                     ? BufferLayout::at<float>(local, first_linear ? l.shared_x_scales : l.shared_l2_scales)
-                     : nullptr;
-  o.act_rows = l.max_tokens;
-  o.groups = gemm::GroupRows{nullptr, 1, num_tokens};
-  o.expected_rows_per_group = num_tokens;
+  o.num_groups = shared ? 1 : l.experts_per_rank;
+  o.n_out = first_linear ? 2 * intermediate : hidden;
+  o.k = first_linear ? hidden : intermediate;
+  o.weights = weights.data;
+  o.weight_scales = weight_scales.as<const float>();
+  o.acts = local + acts.offset;
+  o.act_scales = p.recipe == Recipe::fp8 ? BufferLayout::at<float>(local, act_scales) : nullptr;
+  o.act_rows = shared ? l.max_tokens : l.pool_rows;
+  o.groups = shared ? gemm::GroupRows{nullptr, 1, rows}
+                    : gemm::GroupRows{BufferLayout::at<uint32_t>(local, l.expert_rows), l.experts_per_rank, 0};
+  o.expected_rows_per_group = rows;
+  o.timeout_ns = timeout_ns;
   o.control = l.control_block(local);
   o.rank = static_cast<uint32_t>(p.rank);
   return o;
@@ -137,39 +125,38 @@ void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w,
   // Expected rows per local expert, assuming every rank routes like this one (tile choice only).
   const uint32_t expected_rows = static_cast<uint32_t>(std::max<int64_t>(
       1, int64_t{in.num_tokens} * p.num_ranks * p.top_k / std::max(1, p.num_experts)));
-  const uint64_t timeout_ns = view.timeout_ns;
-  auto with_timeout = [timeout_ns](gemm::GemmOperands o) {
-    o.timeout_ns = timeout_ns;
-    return o;
+  const uint32_t tokens = static_cast<uint32_t>(in.num_tokens);
+  auto operands = [&](bool first_linear, bool shared) {
+    const TensorView& weights = first_linear ? (shared ? w.shared_w1 : w.w1) : (shared ? w.shared_w2 : w.w2);
+    const TensorView& scales = first_linear ? (shared ? w.shared_w1_scales : w.w1_scales)
+                                            : (shared ? w.shared_w2_scales : w.w2_scales);
+    return expert_operands(p, l, local, view.timeout_ns, weights, scales, first_linear, shared,
+                           shared ? tokens : expected_rows);
   };
-  gemm::grouped_gemm_swiglu(
-      with_timeout(routed_operands(p, l, local, w.w1.data, w.w1_scales.data, true, expected_rows)),
-      gemm::SwigluOutput{local + l.l2_pool.offset,
-                         p.recipe == Recipe::fp8 ? BufferLayout::at<float>(local, l.l2_pool_scales) : nullptr,
-                         BufferLayout::at<float>(local, l.pool_weight), l.pool_rows},
-      grid, stream);
+  const bool scaled = p.recipe == Recipe::fp8;
+  gemm::grouped_gemm_swiglu(operands(true, false),
+                            gemm::SwigluOutput{local + l.l2_pool.offset,
+                                               scaled ? BufferLayout::at<float>(local, l.l2_pool_scales) : nullptr,
+                                               BufferLayout::at<float>(local, l.pool_weight), l.pool_rows},
+                            grid, stream);
   const bool shared = p.num_shared_experts > 0 && in.num_tokens > 0;
   if (shared) {
-    gemm::grouped_gemm_swiglu(
-        with_timeout(shared_operands(p, l, local, w.shared_w1.data, w.shared_w1_scales.data, true,
-                                     static_cast<uint32_t>(in.num_tokens))),
-        gemm::SwigluOutput{local + l.shared_l2.offset,
-                           p.recipe == Recipe::fp8 ? BufferLayout::at<float>(local, l.shared_l2_scales) : nullptr,
-                           nullptr, l.max_tokens},
-        grid, stream);
+    gemm::grouped_gemm_swiglu(operands(true, true),
+                              gemm::SwigluOutput{local + l.shared_l2.offset,
+                                                 scaled ? BufferLayout::at<float>(local, l.shared_l2_scales) : nullptr,
+                                                 nullptr, l.max_tokens},
+                              grid, stream);
   }
-  gemm::grouped_gemm_store(
-      with_timeout(routed_operands(p, l, local, w.w2.data, w.w2_scales.data, false, expected_rows)),
-      gemm::RoutedDestination{view, l.combine.offset, BufferLayout::at<PoolSource>(local, l.pool_source),
-                              static_cast<uint32_t>(p.top_k), static_cast<uint32_t>(p.hidden)},
-      grid, stream);
+  gemm::grouped_gemm_store(operands(false, false),
+                           gemm::RoutedDestination{view, l.combine.offset,
+                                                   BufferLayout::at<PoolSource>(local, l.pool_source),
+                                                   static_cast<uint32_t>(p.top_k), static_cast<uint32_t>(p.hidden)},
+                           grid, stream);
   if (shared) {
-    gemm::grouped_gemm_store(
-        with_timeout(shared_operands(p, l, local, w.shared_w2.data, w.shared_w2_scales.data, false,
-                                     static_cast<uint32_t>(in.num_tokens))),
-        gemm::SharedDestination{BufferLayout::at<uint16_t>(local, l.combine), static_cast<uint32_t>(p.top_k),
-                                static_cast<uint32_t>(p.hidden)},
-        grid, stream);
+    gemm::grouped_gemm_store(operands(false, true),
+                             gemm::SharedDestination{BufferLayout::at<uint16_t>(local, l.combine),
+                                                     static_cast<uint32_t>(p.top_k), static_cast<uint32_t>(p.hidden)},
+                             grid, stream);
   }
 
   // Every rank's L2 results have landed in our combine slots once all ranks pass this barrier.

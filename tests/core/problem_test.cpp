@@ -175,6 +175,8 @@ TEST(Validate, FrontRingFields) {
   p.front_num_slots = 4;
   p.front_tokens_per_slot = 0;
   expect_rejected(p, "front_tokens_per_slot", {"at least 1 when front_num_slots > 0", "got 0"});
+  p.front_tokens_per_slot = 31;  // 4 x 31 = 124 < 128 tokens: a call would wrap the ring
+  expect_rejected(p, "front_num_slots", {"must hold max_tokens_per_rank (128)", "never wraps", "got 4 x 31"});
   p.front_tokens_per_slot = 32;
   EXPECT_NO_THROW(validate(p));
   // Without a ring the per-slot size is not looked at.
@@ -207,9 +209,9 @@ TEST(Fingerprint, ChangesWithEveryOtherField) {
       {"recipe bf16", [](Problem& p) { p.recipe = Recipe::bf16; }},
       {"front_num_slots", [](Problem& p) {
          p.front_num_slots = 2;
-         p.front_tokens_per_slot = 16;
+         p.front_tokens_per_slot = 64;
        }},
-      {"front_tokens_per_slot", [](Problem& p) { p.front_tokens_per_slot = 16; }},
+      {"front_tokens_per_slot", [](Problem& p) { p.front_tokens_per_slot = 64; }},
   };
   std::set<uint64_t> prints = {base_print};
   for (const auto& [field, change] : changes) {

@@ -119,6 +119,26 @@ int multiprocessors() {
   return count;
 }
 
+gemm::GemmOperands case_operands(const Case& c, uint32_t num_groups, uint32_t n_out, uint32_t k, uint32_t rows,
+                                 const void* weights, const float* weight_scales, const void* acts,
+                                 const float* act_scales, const uint32_t* prefix, ControlBlock* control) {
+  gemm::GemmOperands operands;
+  operands.recipe = c.recipe;
+  operands.num_groups = num_groups;
+  operands.n_out = n_out;
+  operands.k = k;
+  operands.weights = weights;
+  operands.weight_scales = weight_scales;
+  operands.acts = acts;
+  operands.act_scales = act_scales;
+  operands.act_rows = rows;
+  operands.groups = gemm::GroupRows{prefix, num_groups, 0};
+  operands.expected_rows_per_group = c.expected_rows;
+  operands.timeout_ns = kTimeoutNs;
+  operands.control = control;
+  return operands;
+}
+
 // ---- L1: SwiGLU epilogue -------------------------------------------------------------------------
 
 void run_swiglu_case(const Case& c) {
@@ -152,22 +172,11 @@ void run_swiglu_case(const Case& c) {
   d_out.fill_bytes(0x7F);         // E4M3 NaN, and 0x7F7F is a BF16 NaN
   d_out_scales.fill_bytes(0xFF);  // FP32 NaN
 
-  gemm::GemmOperands operands;
-  operands.recipe = c.recipe;
-  operands.num_groups = num_groups;
-  operands.n_out = n_out;
-  operands.k = k;
-  operands.weights = d_weights.get();
-  operands.weight_scales = scaled ? d_weight_scales.get() : nullptr;
-  operands.acts = d_acts.get();
-  operands.act_scales = scaled ? d_act_scales.get() : nullptr;
-  operands.act_rows = rows;
-  operands.groups = gemm::GroupRows{d_prefix.get(), num_groups, 0};
-  operands.expected_rows_per_group = c.expected_rows;
-  operands.timeout_ns = kTimeoutNs;
   DeviceBuffer<ControlBlock> d_control(1);
   d_control.fill_bytes(0);
-  operands.control = d_control.get();
+  const gemm::GemmOperands operands =
+      case_operands(c, num_groups, n_out, k, rows, d_weights.get(), scaled ? d_weight_scales.get() : nullptr,
+                    d_acts.get(), scaled ? d_act_scales.get() : nullptr, d_prefix.get(), d_control.get());
   gemm::SwigluOutput output{d_out.get(), scaled ? d_out_scales.get() : nullptr, d_row_weights.get(), rows};
   gemm::grouped_gemm_swiglu(operands, output, c.grid > 0 ? c.grid : multiprocessors(), nullptr);
   MEGAMOE_CUDA_OK(cudaDeviceSynchronize());
@@ -299,22 +308,11 @@ void run_store_case(const Case& c) {
     view.peers[rank] = reinterpret_cast<char*>(combine.back().get());
   }
 
-  gemm::GemmOperands operands;
-  operands.recipe = c.recipe;
-  operands.num_groups = num_groups;
-  operands.n_out = n_out;
-  operands.k = k;
-  operands.weights = d_weights.get();
-  operands.weight_scales = scaled ? d_weight_scales.get() : nullptr;
-  operands.acts = d_acts.get();
-  operands.act_scales = scaled ? d_act_scales.get() : nullptr;
-  operands.act_rows = rows;
-  operands.groups = gemm::GroupRows{d_prefix.get(), num_groups, 0};
-  operands.expected_rows_per_group = c.expected_rows;
-  operands.timeout_ns = kTimeoutNs;
   DeviceBuffer<ControlBlock> d_control(1);
   d_control.fill_bytes(0);
-  operands.control = d_control.get();
+  const gemm::GemmOperands operands =
+      case_operands(c, num_groups, n_out, k, rows, d_weights.get(), scaled ? d_weight_scales.get() : nullptr,
+                    d_acts.get(), scaled ? d_act_scales.get() : nullptr, d_prefix.get(), d_control.get());
   const gemm::RoutedDestination destination{view, 0, d_sources.get(), kTopK, n_out};
   gemm::grouped_gemm_store(operands, destination, c.grid > 0 ? c.grid : multiprocessors(), nullptr);
   MEGAMOE_CUDA_OK(cudaDeviceSynchronize());

@@ -1,0 +1,221 @@
+// The streaming front ring's layout: sub-region order and alignment, a hand-computed example,
+// independence from the rank, nothing allocated when disabled, its place in the buffer, the typed
+// accessors, and the sequence and chunk arithmetic.
+#include "megamoe/streaming.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "megamoe/layout.h"
+
+namespace megamoe {
+namespace {
+
+using SpanField = FrontSpan FrontRingLayout::*;
+
+const std::vector<std::pair<const char*, SpanField>>& spans_in_order() {
+  static const std::vector<std::pair<const char*, SpanField>> spans = {
+      {"cursors", &FrontRingLayout::cursors},   {"ready", &FrontRingLayout::ready},
+      {"consumed", &FrontRingLayout::consumed}, {"meta", &FrontRingLayout::meta},
+      {"x", &FrontRingLayout::x},               {"x_scales", &FrontRingLayout::x_scales},
+      {"topk_idx", &FrontRingLayout::topk_idx}, {"topk_weights", &FrontRingLayout::topk_weights},
+  };
+  return spans;
+}
+
+Problem streamed_problem(Recipe recipe) {
+  Problem p;
+  p.num_ranks = 4;
+  p.rank = 0;
+  p.num_experts = 8;
+  p.top_k = 4;
+  p.hidden = 256;
+  p.intermediate = 384;
+  p.max_tokens_per_rank = 15;
+  p.recipe = recipe;
+  p.front_num_slots = 3;
+  p.front_tokens_per_slot = 5;
+  return p;
+}
+
+TEST(FrontRingLayout, DisabledAllocatesNothing) {
+  Problem p = streamed_problem(Recipe::fp8);
+  p.front_num_slots = 0;
+  const FrontRingLayout ring = FrontRingLayout::make(p);
+  EXPECT_EQ(ring.total_bytes, 0u);
+  EXPECT_EQ(ring.num_slots, 0u);
+  EXPECT_FALSE(ring.holds_call(0));
+  EXPECT_EQ(BufferLayout::make(p).front_ring.bytes, 0u);
+}
+
+// fp8: 4 ranks, 3 slots of 5 tokens, hidden 256 (2 scale blocks), top-k 4. Each span is padded to 128.
+TEST(FrontRingLayout, HandComputedFp8) {
+  const FrontRingLayout ring = FrontRingLayout::make(streamed_problem(Recipe::fp8));
+  EXPECT_EQ(ring.num_ranks, 4u);
+  EXPECT_EQ(ring.num_slots, 3u);
+  EXPECT_EQ(ring.tokens_per_slot, 5u);
+  EXPECT_EQ(ring.row_bytes, 256u);
+  EXPECT_EQ(ring.scale_blocks, 2u);
+  const std::vector<std::pair<uint64_t, uint64_t>> expected = {
+      {0, 48},       // cursors: 8 * (2 + 4)
+      {128, 48},     // ready: 8 * 2 * 3
+      {256, 96},     // consumed: 8 * 3 * 4
+      {384, 48},     // meta: 16 * 3
+      {512, 3840},   // x: 15 rows * 256
+      {4352, 120},   // x_scales: 4 * 15 * 2
+      {4480, 240},   // topk_idx: 4 * 15 * 4
+      {4736, 240},   // topk_weights: 4 * 15 * 4
+  };
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const auto& [name, field] = spans_in_order()[i];
+    EXPECT_EQ((ring.*field).offset, expected[i].first) << name;
+    EXPECT_EQ((ring.*field).bytes, expected[i].second) << name;
+  }
+  EXPECT_EQ(ring.total_bytes, 4992u);
+  EXPECT_EQ(ring.call_capacity(), 15u);
+}
+
+TEST(FrontRingLayout, HandComputedBf16HasNoScales) {
+  const FrontRingLayout ring = FrontRingLayout::make(streamed_problem(Recipe::bf16));
+  EXPECT_EQ(ring.row_bytes, 512u);
+  EXPECT_EQ(ring.scale_blocks, 0u);
+  EXPECT_EQ(ring.x.offset, 512u);
+  EXPECT_EQ(ring.x.bytes, 7680u);
+  EXPECT_EQ(ring.x_scales.offset, 8192u);
+  EXPECT_EQ(ring.x_scales.bytes, 0u);
+  EXPECT_EQ(ring.topk_idx.offset, 8192u);
+  EXPECT_EQ(ring.total_bytes, 8192u + 256u + 256u);
+}
+
+// A DeepSeek-V3-sized ring: 8 ranks, hidden 7168, top-k 8, 4 slots of 1024 tokens.
+TEST(FrontRingLayout, DeepSeekV3Sizes) {
+  Problem p;
+  p.num_ranks = 8;
+  p.num_experts = 256;
+  p.top_k = 8;
+  p.hidden = 7168;
+  p.intermediate = 2048;
+  p.max_tokens_per_rank = 4096;
+  p.front_num_slots = 4;
+  p.front_tokens_per_slot = 1024;
+  const FrontRingLayout ring = FrontRingLayout::make(p);
+  EXPECT_EQ(ring.x.bytes, 4ull * 1024 * 7168);
+  EXPECT_EQ(ring.x_scales.bytes, 4ull * 4 * 1024 * 56);
+  EXPECT_EQ(ring.topk_idx.bytes, 4ull * 4 * 1024 * 8);
+  EXPECT_EQ(ring.consumed.bytes, 8ull * 4 * 8);
+  EXPECT_TRUE(ring.holds_call(4096));
+  EXPECT_FALSE(ring.holds_call(4097));
+}
+
+TEST(FrontRingLayout, SpansAreOrderedAlignedAndDisjoint) {
+  for (Recipe recipe : {Recipe::fp8, Recipe::fp8_fp4, Recipe::bf16}) {
+    for (int32_t slots : {1, 2, 7}) {
+      for (int32_t tokens : {1, 3, 64, 129}) {
+        Problem p = streamed_problem(recipe);
+        p.front_num_slots = slots;
+        p.front_tokens_per_slot = tokens;
+        const FrontRingLayout ring = FrontRingLayout::make(p);
+        uint64_t previous_end = 0;
+        for (const auto& [name, field] : spans_in_order()) {
+          const FrontSpan& span = ring.*field;
+          EXPECT_EQ(span.offset % kFrontAlign, 0u) << name;
+          EXPECT_GE(span.offset, previous_end) << name;
+          EXPECT_LT(span.offset - previous_end, kFrontAlign) << name;
+          previous_end = span.end();
+        }
+        EXPECT_EQ(ring.total_bytes, (previous_end + kFrontAlign - 1) / kFrontAlign * kFrontAlign);
+        EXPECT_EQ(ring.x.bytes, uint64_t(slots) * tokens * ring.row_bytes);
+        EXPECT_EQ(ring.call_capacity(), uint64_t(slots) * tokens);
+      }
+    }
+  }
+}
+
+TEST(FrontRingLayout, SizeDoesNotDependOnRank) {
+  Problem p = streamed_problem(Recipe::fp8_fp4);
+  const FrontRingLayout first = FrontRingLayout::make(p);
+  const uint64_t first_buffer = BufferLayout::make(p).total_bytes;
+  for (int32_t rank = 1; rank < p.num_ranks; ++rank) {
+    p.rank = rank;
+    const FrontRingLayout ring = FrontRingLayout::make(p);
+    EXPECT_EQ(ring.total_bytes, first.total_bytes) << "rank " << rank;
+    for (const auto& [name, field] : spans_in_order()) {
+      EXPECT_EQ((ring.*field).offset, (first.*field).offset) << name << " rank " << rank;
+    }
+    EXPECT_EQ(BufferLayout::make(p).total_bytes, first_buffer) << "rank " << rank;
+  }
+}
+
+TEST(FrontRingLayout, IsTheBufferLastRegion) {
+  const Problem p = streamed_problem(Recipe::fp8);
+  const BufferLayout buffer = BufferLayout::make(p);
+  EXPECT_EQ(buffer.front_ring.bytes, FrontRingLayout::make(p).total_bytes);
+  EXPECT_EQ(buffer.front_ring.offset % kRegionAlign, 0u);
+  EXPECT_GE(buffer.front_ring.offset, buffer.combine.end());
+  EXPECT_LE(buffer.front_ring.end(), buffer.total_bytes);
+}
+
+TEST(FrontRingLayout, AccessorsAddressTheirSpans) {
+  const FrontRingLayout ring = FrontRingLayout::make(streamed_problem(Recipe::fp8));
+  std::vector<uint64_t> storage(ring.total_bytes / sizeof(uint64_t));
+  char* base = reinterpret_cast<char*>(storage.data());
+  auto offset_of = [base](const void* p) { return static_cast<uint64_t>(static_cast<const char*>(p) - base); };
+
+  EXPECT_EQ(offset_of(ring.producer_cursor(base, FrontHalf::route)), 0u);
+  EXPECT_EQ(offset_of(ring.producer_cursor(base, FrontHalf::layout)), 8u);
+  EXPECT_EQ(offset_of(ring.consumer_cursor(base, 3)), 40u);
+  EXPECT_EQ(offset_of(ring.ready_word(base, FrontHalf::route, 2)), 128u + 16u);
+  EXPECT_EQ(offset_of(ring.ready_word(base, FrontHalf::layout, 0)), 128u + 24u);
+  EXPECT_EQ(offset_of(ring.consumed_word(base, 2, 3)), 256u + 8u * (2 * 4 + 3));
+  EXPECT_EQ(offset_of(ring.slot_meta(base, 1)), 384u + 16u);
+  EXPECT_EQ(offset_of(ring.slot_x(base, 2)), 512u + 2u * 5 * 256);
+  EXPECT_EQ(offset_of(ring.slot_x_scales(base, 2)), 4352u + 4u * 2 * 5 * 2);
+  EXPECT_EQ(offset_of(ring.slot_topk_idx(base, 1)), 4480u + 4u * 1 * 5 * 4);
+  EXPECT_EQ(offset_of(ring.slot_topk_weights(base, 2)), 4736u + 4u * 2 * 5 * 4);
+  // The last slot's views end inside their spans.
+  EXPECT_EQ(offset_of(ring.slot_topk_weights(base, 2) + 5 * 4), ring.topk_weights.end());
+  EXPECT_EQ(offset_of(ring.slot_x(base, 2) + 5 * 256), ring.x.end());
+  EXPECT_EQ(offset_of(ring.consumed_word(base, 2, 3) + 1), ring.consumed.end());
+}
+
+TEST(FrontRingSequence, SlotsAndGenerations) {
+  EXPECT_EQ(front_slot(0, 3), 0u);
+  EXPECT_EQ(front_generation(0, 3), 1u);
+  EXPECT_EQ(front_slot(5, 3), 2u);
+  EXPECT_EQ(front_generation(5, 3), 2u);
+  EXPECT_EQ(front_slot(6, 3), 0u);
+  EXPECT_EQ(front_generation(6, 3), 3u);
+  // 64 bits: a ring of one slot at a chunk per nanosecond wraps after centuries, never within a run.
+  const uint64_t late = (uint64_t{1} << 40) * 3 + 1;
+  EXPECT_EQ(front_slot(late, 3), 1u);
+  EXPECT_EQ(front_generation(late, 3), (uint64_t{1} << 40) + 1);
+}
+
+TEST(FrontRingSequence, ChunksOfACall) {
+  // No tokens: one empty, final chunk.
+  EXPECT_EQ(front_chunk_count(0, 5), 1u);
+  FrontSlotMeta meta = front_chunk_meta(0, 5, 0);
+  EXPECT_EQ(meta.token_base, 0u);
+  EXPECT_EQ(meta.valid, 0u);
+  EXPECT_EQ(meta.last, 1u);
+  // 12 tokens in slots of 5: 5, 5, then a final partial chunk of 2.
+  EXPECT_EQ(front_chunk_count(12, 5), 3u);
+  const FrontSlotMeta expected[] = {{0, 5, 0, 0}, {5, 5, 0, 0}, {10, 2, 1, 0}};
+  for (uint32_t chunk = 0; chunk < 3; ++chunk) {
+    meta = front_chunk_meta(12, 5, chunk);
+    EXPECT_EQ(meta.token_base, expected[chunk].token_base) << chunk;
+    EXPECT_EQ(meta.valid, expected[chunk].valid) << chunk;
+    EXPECT_EQ(meta.last, expected[chunk].last) << chunk;
+  }
+  // An exact multiple ends with a full chunk.
+  EXPECT_EQ(front_chunk_count(10, 5), 2u);
+  meta = front_chunk_meta(10, 5, 1);
+  EXPECT_EQ(meta.valid, 5u);
+  EXPECT_EQ(meta.last, 1u);
+}
+
+}  // namespace
+}  // namespace megamoe
