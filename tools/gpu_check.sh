@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The one script run on the lent GPU machine: environment, then each named step, logs under $OUT.
-#   tools/gpu_check.sh STEP...   steps: info | sass BIN | test BIN [gtest args] | test-each BIN | ctest
-# Binaries come from the build tree carried with the call (BUILD, default build-gpu).
+#   tools/gpu_check.sh STEP...   steps: info | sass BIN | test BIN [gtest args] | test-each BIN |
+#                                       tests DIR | ctest
+# Binaries are built on this machine and carried with the call: copy the GPU test binaries, the
+# megamoe tool and the benchmarks into an ignored folder (e.g. out/) and name it in `carry`.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 NCCL_ROOT=$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0])" 2>/dev/null || true)
@@ -60,6 +62,7 @@ while [ $# -gt 0 ]; do
     test) bin=$1; shift; args=(); while [ $# -gt 0 ] && [[ $1 == --gtest* ]]; do args+=("$1"); shift; done
           step_test "$bin" "${args[@]}" ;;
     test-each) step_test_each "$1"; shift ;;
+    tests) for binary in "$1"/*_test; do step_test "$binary"; done; shift ;;
     ctest) (cd "$BUILD" && timeout 560 ctest -L gpu --output-on-failure >"$OUT/ctest.log" 2>&1); rc=$?
            tail -30 "$OUT/ctest.log"; [ $rc -eq 0 ] || status=1 ;;
     *) echo "unknown step $step"; exit 2 ;;
