@@ -1,0 +1,80 @@
+// Bad arguments to the layer's entry points are refused on the host, before any kernel runs, with
+// an error naming the argument and the rule.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include "gpu_test_util.h"
+#include "megamoe/comm.h"
+#include "megamoe/device_batch.h"
+#include "megamoe/device_weights.h"
+#include "megamoe/error.h"
+#include "megamoe/layer.h"
+
+namespace megamoe {
+namespace {
+
+Problem small_problem(Recipe recipe) {
+  Problem p;
+  p.num_experts = 4;
+  p.top_k = 2;
+  p.hidden = 256;
+  p.intermediate = 128;
+  p.max_tokens_per_rank = 8;
+  p.recipe = recipe;
+  return p;
+}
+
+// Runs `call` and expects megamoe::Error whose message contains every piece of `expected`.
+void expect_refused(const std::function<void()>& call, std::initializer_list<const char*> expected) {
+  try {
+    call();
+    ADD_FAILURE() << "expected megamoe::Error mentioning " << *expected.begin();
+  } catch (const Error& error) {
+    for (const char* piece : expected)
+      EXPECT_NE(std::string(error.what()).find(piece), std::string::npos) << error.what() << " lacks: " << piece;
+  }
+}
+
+TEST(LayerArguments, EachBadArgumentIsNamed) {
+  MEGAMOE_SKIP_WITHOUT_GPU();
+  const int failed = run_ranks(1, LaunchMode::emulated, [](Communicator& comm) {
+    const Problem p = small_problem(Recipe::fp8);
+    SymmBuffer buffer(comm, p);
+    const auto weights = DeviceWeights::synthetic(p, 7);
+    DeviceBatch batch(p, 4);
+    DeviceBatch too_many(p, 9);
+    void* y_memory = nullptr;
+    ASSERT_EQ(cudaMalloc(&y_memory, 16 * 256 * 2), cudaSuccess);
+    const TensorView y = TensorView::contiguous(y_memory, DType::bf16, {4, 256}, Device::cuda);
+    cudaStream_t stream = comm.stream();
+    const LayerWeights& w = weights->view();
+
+    expect_refused([&] { fp8_mega_moe(buffer, too_many.inputs(), w, TensorView::contiguous(y_memory, DType::bf16, {9, 256}, Device::cuda), stream); },
+                   {"inputs.num_tokens", "[0, 8]", "got 9"});
+    LayerInputs wrong_dtype = batch.inputs();
+    wrong_dtype.x.dtype = DType::bf16;
+    expect_refused([&] { fp8_mega_moe(buffer, wrong_dtype, w, y, stream); }, {"inputs.x", "dtype e4m3"});
+    LayerInputs wrong_shape = batch.inputs();
+    wrong_shape.topk_idx.shape[1] = 3;
+    expect_refused([&] { fp8_mega_moe(buffer, wrong_shape, w, y, stream); }, {"inputs.topk_idx", "shape [4, 2]"});
+    LayerInputs host_weights = batch.inputs();
+    host_weights.topk_weights.device = Device::host;
+    expect_refused([&] { fp8_mega_moe(buffer, host_weights, w, y, stream); }, {"inputs.topk_weights", "cuda memory"});
+    const TensorView y_f32 = TensorView::contiguous(y_memory, DType::f32, {4, 256}, Device::cuda);
+    expect_refused([&] { fp8_mega_moe(buffer, batch.inputs(), w, y_f32, stream); }, {"y", "dtype bf16"});
+    LayerWeights wrong_weights = w;
+    wrong_weights.w2.shape[2] = 256;
+    expect_refused([&] { fp8_mega_moe(buffer, batch.inputs(), wrong_weights, y, stream); },
+                   {"weights.w2", "shape [4, 256, 128]"});
+    const TensorView stats = TensorView::contiguous(y_memory, DType::i32, {4}, Device::cuda);
+    expect_refused([&] { fp8_mega_moe(buffer, batch.inputs(), w, y, stream, stats); }, {"recv_stats", "dtype i64"});
+    expect_refused([&] { bf16_mega_moe(buffer, batch.inputs(), w, y, stream); }, {"buffer", "recipe fp8", "bf16"});
+    cudaFree(y_memory);
+  });
+  EXPECT_EQ(failed, 0);
+}
+
+}  // namespace
+}  // namespace megamoe
