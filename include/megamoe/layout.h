@@ -56,9 +56,8 @@ enum DeviceErrorCode : uint32_t {
   kDeviceOk = 0,
   kDeviceTimeout = 1,           // a spin-wait gave up: `site`, `peer`, `expected`, `seen` say on what, `detail` = the
                                 //   timeout in ms (except kWaitGemmStage, whose `detail` is the stage)
-  kDeviceBadExpertId = 2,       // topk_idx held an id outside [-1, num_experts): `seen` = id, `detail` = token
+  kDeviceBadExpertId = 2,       // topk_idx held an id outside [-1, num_experts): `seen` = id, `detail` = token, `choice` = k
   kDeviceSlotOverflow = 3,      // more routes to one (expert, source rank) than a token count allows
-  kDeviceTooManyTokens = 4,     // a call's token count exceeded max_tokens_per_rank
 };
 
 // Where a spin-wait was waiting (DeviceError::site).
@@ -66,8 +65,6 @@ enum WaitSite : uint32_t {
   kWaitNone = 0,
   kWaitGridBarrier = 1,
   kWaitRankBarrier = 2,
-  kWaitRecvCount = 3,
-  kWaitPoolReady = 4,
   kWaitFrontRouteReady = 5,
   kWaitFrontLayoutReady = 6,
   kWaitFrontConsumed = 7,
@@ -84,7 +81,7 @@ struct DeviceError {
   uint32_t thread;
   uint32_t peer;
   uint32_t detail;
-  uint32_t reserved;
+  uint32_t choice;  // the top-k choice of an input error's route
   uint64_t expected;
   uint64_t seen;
 };
@@ -96,8 +93,6 @@ struct ControlBlock {
   uint64_t barrier_arrivals[kMaxRanks];     // written by peers: the epoch each peer has reached
   uint32_t grid_barrier_count;              // arrivals of this rank's blocks (grid barrier)
   uint32_t grid_barrier_generation;
-  uint32_t call_count;                      // how many layer calls this buffer has run
-  uint32_t tokens_this_call;                // the token count of the call in flight
 };
 
 struct Region {

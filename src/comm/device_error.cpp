@@ -27,8 +27,6 @@ SiteWords site_words(const DeviceError& error) {
   switch (error.site) {
     case kWaitGridBarrier: return {"at the grid barrier", "generation"};
     case kWaitRankBarrier: return {"at the cross-rank barrier for rank " + peer, "epoch"};
-    case kWaitRecvCount: return {"for the receive counts from rank " + peer, "count"};
-    case kWaitPoolReady: return {"for a pool block to be filled", "value"};
     case kWaitFrontRouteReady: return {"for a front-ring slot's routes", "value"};
     case kWaitFrontLayoutReady: return {"for a front-ring slot's layout", "value"};
     case kWaitFrontConsumed: return {"for a front-ring slot to be consumed", "value"};
@@ -68,15 +66,12 @@ std::string describe(const DeviceError& error) {
       break;
     }
     case kDeviceBadExpertId:
-      out << "token " << error.detail << " routes to expert id " << static_cast<int64_t>(static_cast<int32_t>(error.seen))
-          << ", outside [-1, num_experts)";
+      out << "token " << error.detail << ", choice " << error.choice << " routes to expert id "
+          << static_cast<int64_t>(static_cast<int32_t>(error.seen)) << ", outside [-1, num_experts)";
       break;
     case kDeviceSlotOverflow:
       out << "more routes to one (expert, source rank) than a token count allows (at most " << error.expected
           << ", saw " << error.seen << ")";
-      break;
-    case kDeviceTooManyTokens:
-      out << "the call passed " << error.seen << " tokens, more than max_tokens_per_rank (" << error.expected << ")";
       break;
     default:
       out << "unknown device error code " << error.code << " (site " << error.site << ", peer " << error.peer

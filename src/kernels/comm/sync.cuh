@@ -84,6 +84,7 @@ MEGAMOE_DEVICE void record_error(ControlBlock* control, const DeviceError& error
   control->error.thread = error.thread;
   control->error.peer = error.peer;
   control->error.detail = error.detail;
+  control->error.choice = error.choice;
   control->error.expected = error.expected;
   control->error.seen = error.seen;
 }

@@ -36,7 +36,8 @@ __device__ __forceinline__ void record_input_error(const DispatchArgs& a, uint32
   error.rank = static_cast<uint32_t>(a.view.rank);
   error.block = blockIdx.x;
   error.thread = threadIdx.x;
-  error.detail = route;
+  error.detail = route / static_cast<uint32_t>(a.problem.top_k);
+  error.choice = route % static_cast<uint32_t>(a.problem.top_k);
   error.seen = static_cast<uint64_t>(seen);
   error.expected = static_cast<uint64_t>(code == kDeviceBadExpertId ? a.problem.num_experts : a.layout.max_tokens);
   device::record_error(a.layout.control_block(a.view.local()), error);
