@@ -202,8 +202,8 @@ int main(int argc, char** argv) {
                                      {"experts", static_cast<long long>(experts)},
                                      {"tokens_per_expert", static_cast<long long>(tokens)},
                                      {"routing", std::string(skewed ? "skewed" : "uniform")},
-                                     {"block_n", static_cast<long long>(gemm::choose_block_n(
-                                                     tokens, 128u))},
+                                     {"tile", std::string(gemm::to_string(gemm::choose_tile(tokens).layout)) +
+                                                  "/" + std::to_string(gemm::choose_tile(tokens).block_n)},
                                      {"us", us},
                                      {"tflops", tflops},
                                      {"weight_gbps", weight_gbps},

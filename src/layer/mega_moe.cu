@@ -18,7 +18,7 @@ namespace {
 
 constexpr int kDispatchThreads = 512;
 constexpr int kPullThreads = 512;
-constexpr int kCombineThreads = 256;
+constexpr int kCombineThreads = 1024;
 
 void cuda_ok(cudaError_t status, const char* what) {
   require(status == cudaSuccess, what, "failed: ", cudaGetErrorString(status));
@@ -133,31 +133,34 @@ void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w,
     return expert_operands(p, l, local, view.timeout_ns, weights, scales, first_linear, shared,
                            shared ? tokens : expected_rows);
   };
+  // The shared experts run as a second job of the routed experts' launches when both pick the same
+  // tile shape: one persistent grid then balances both, which matters most when few tokens leave
+  // SMs idle. Otherwise each gets its own launch and tile.
   const bool scaled = p.recipe == Recipe::fp8;
-  gemm::grouped_gemm_swiglu(operands(true, false),
-                            gemm::SwigluOutput{local + l.l2_pool.offset,
-                                               scaled ? BufferLayout::at<float>(local, l.l2_pool_scales) : nullptr,
-                                               BufferLayout::at<float>(local, l.pool_weight), l.pool_rows},
-                            grid, stream);
   const bool shared = p.num_shared_experts > 0 && in.num_tokens > 0;
-  if (shared) {
-    gemm::grouped_gemm_swiglu(operands(true, true),
-                              gemm::SwigluOutput{local + l.shared_l2.offset,
-                                                 scaled ? BufferLayout::at<float>(local, l.shared_l2_scales) : nullptr,
-                                                 nullptr, l.max_tokens},
-                              grid, stream);
-  }
-  gemm::grouped_gemm_store(operands(false, false),
-                           gemm::RoutedDestination{view, l.combine.offset,
-                                                   BufferLayout::at<PoolSource>(local, l.pool_source),
-                                                   static_cast<uint32_t>(p.top_k), static_cast<uint32_t>(p.hidden)},
-                           grid, stream);
-  if (shared) {
-    gemm::grouped_gemm_store(operands(false, true),
-                             gemm::SharedDestination{BufferLayout::at<uint16_t>(local, l.combine),
-                                                     static_cast<uint32_t>(p.top_k), static_cast<uint32_t>(p.hidden)},
-                             grid, stream);
-  }
+  const gemm::TileShape routed_tile = gemm::choose_tile(expected_rows);
+  const gemm::TileShape shared_tile = gemm::choose_tile(tokens);
+  const bool merged = routed_tile.layout == shared_tile.layout && routed_tile.block_n == shared_tile.block_n;
+  const size_t num_jobs = shared && merged ? 2 : 1;
+  const gemm::SwigluJob l1_jobs[2] = {
+      {operands(true, false),
+       gemm::SwigluOutput{local + l.l2_pool.offset, scaled ? BufferLayout::at<float>(local, l.l2_pool_scales) : nullptr,
+                          BufferLayout::at<float>(local, l.pool_weight), l.pool_rows}},
+      {shared ? operands(true, true) : gemm::GemmOperands{},
+       gemm::SwigluOutput{local + l.shared_l2.offset,
+                          scaled ? BufferLayout::at<float>(local, l.shared_l2_scales) : nullptr, nullptr,
+                          l.max_tokens}}};
+  gemm::grouped_gemm_swiglu(std::span<const gemm::SwigluJob>(l1_jobs, num_jobs), grid, stream);
+  if (shared && !merged) gemm::grouped_gemm_swiglu(std::span<const gemm::SwigluJob>(l1_jobs + 1, 1), grid, stream);
+  const gemm::RoutedDestination routed{view, l.combine.offset, BufferLayout::at<PoolSource>(local, l.pool_source),
+                                       static_cast<uint32_t>(p.top_k), static_cast<uint32_t>(p.hidden)};
+  const gemm::SharedDestination shared_slots{BufferLayout::at<uint16_t>(local, l.combine),
+                                             static_cast<uint32_t>(p.top_k), static_cast<uint32_t>(p.hidden)};
+  const gemm::StoreJob l2_jobs[2] = {
+      {operands(false, false), gemm::SlotDestination{routed, {}, false}},
+      {shared ? operands(false, true) : gemm::GemmOperands{}, gemm::SlotDestination{{}, shared_slots, true}}};
+  gemm::grouped_gemm_store(std::span<const gemm::StoreJob>(l2_jobs, num_jobs), grid, stream);
+  if (shared && !merged) gemm::grouped_gemm_store(std::span<const gemm::StoreJob>(l2_jobs + 1, 1), grid, stream);
 
   // Every rank's L2 results have landed in our combine slots once all ranks pass this barrier.
   launch_rank_barrier(buffer, stream);

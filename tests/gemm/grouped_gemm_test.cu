@@ -391,7 +391,12 @@ MEGAMOE_GEMM_CASE(HundredTwentyEightGroupsDecodeSized,
 MEGAMOE_GEMM_CASE(TokenTile16, std::vector<Case>{{GetParam(), {11, 33, 0, 16}, 256, 128, 8, 0}})
 MEGAMOE_GEMM_CASE(TokenTile32, std::vector<Case>{{GetParam(), {35, 65, 0, 32}, 256, 128, 32, 0}})
 MEGAMOE_GEMM_CASE(TokenTile64, std::vector<Case>{{GetParam(), {67, 129, 0, 64}, 256, 128, 64, 0}})
-MEGAMOE_GEMM_CASE(TokenTile128, std::vector<Case>{{GetParam(), {203, 401, 0, 200}, 256, 128, 200, 0}})
+// Above 64 expected rows the tile switches to tokens on wgmma's M (128 tokens x 256 weight rows).
+MEGAMOE_GEMM_CASE(TokensOnM, std::vector<Case>{{GetParam(), {203, 401, 0, 200}, 256, 128, 200, 0}})
+MEGAMOE_GEMM_CASE(TokensOnMPartialWeightTileAndSmallGrid,
+                  std::vector<Case>{{GetParam(), {129, 1, 0, 640, 77, 128}, 384, 384, 300, 5}})
+MEGAMOE_GEMM_CASE(TokensOnMManyUnevenGroups,
+                  std::vector<Case>{{GetParam(), random_rows(32, 300, 0.2, rng), 256, 256, 150, 0}})
 MEGAMOE_GEMM_CASE(AllGroupsEmpty, std::vector<Case>{{GetParam(), {0, 0, 0}, 256, 128, 1, 0}})
 
 INSTANTIATE_TEST_SUITE_P(Recipes, GroupedGemm, ::testing::Values(Recipe::fp8, Recipe::bf16),

@@ -34,35 +34,44 @@ __device__ __forceinline__ void add_bf16x8(float (&sum)[8], const uint4& packed)
   }
 }
 
-// A warp per token; each lane sums 8 features (16 bytes) of every slot at a time.
+// One thread per 16 bytes (8 features) of a token's output, so that even a single token spreads over
+// the grid and every thread keeps several slot loads in flight.
 __global__ void combine_kernel(const CombineArgs a) {
   if (device::rank_timed_out(a.control)) return;
-  const uint32_t lane = threadIdx.x % 32;
-  const uint32_t warps = blockDim.x / 32;
+  constexpr uint32_t kSlotsInFlight = 4;
   const uint32_t slots_per_token = static_cast<uint32_t>(a.top_k) + 1;
   const uint32_t vectors = static_cast<uint32_t>(a.hidden) / 8;
-  for (uint32_t token = blockIdx.x * warps + threadIdx.x / 32; token < static_cast<uint32_t>(a.num_tokens);
-       token += gridDim.x * warps) {
-    uint32_t written = 0;  // bit s: slot s holds a result
+  const uint64_t items = uint64_t{static_cast<uint32_t>(a.num_tokens)} * vectors;
+  const uint4* slots = reinterpret_cast<const uint4*>(a.slots);
+  uint4* y = reinterpret_cast<uint4*>(a.y);
+  for (uint64_t item = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; item < items;
+       item += uint64_t{gridDim.x} * blockDim.x) {
+    const uint32_t token = static_cast<uint32_t>(item / vectors);
+    const uint32_t vector = static_cast<uint32_t>(item % vectors);
+    uint32_t written = a.shared ? 1u << a.top_k : 0u;  // bit s: slot s holds a result
     for (int32_t k = 0; k < a.top_k; ++k) {
-      const int32_t expert = a.topk_idx[token * a.top_k + k];
+      const int32_t expert = __ldg(a.topk_idx + token * a.top_k + k);
       if (expert >= 0 && expert < a.num_experts) written |= 1u << k;
     }
-    if (a.shared) written |= 1u << a.top_k;
-    const uint4* token_slots = reinterpret_cast<const uint4*>(a.slots + uint64_t{token} * slots_per_token * a.hidden);
-    uint4* out = reinterpret_cast<uint4*>(a.y + uint64_t{token} * a.hidden);
-    for (uint32_t v = lane; v < vectors; v += 32) {
-      float sum[8] = {};
-      for (uint32_t s = 0; s < slots_per_token; ++s)
-        if (written & (1u << s)) add_bf16x8(sum, token_slots[uint64_t{s} * vectors + v]);
-      uint32_t words[4];
+    const uint4* token_slots = slots + uint64_t{token} * slots_per_token * vectors + vector;
+    float sum[8] = {};
+    for (uint32_t first = 0; first < slots_per_token; first += kSlotsInFlight) {
+      uint4 parts[kSlotsInFlight];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const __nv_bfloat162 pair = __floats2bfloat162_rn(sum[2 * i], sum[2 * i + 1]);
-        words[i] = *reinterpret_cast<const uint32_t*>(&pair);
+      for (uint32_t j = 0; j < kSlotsInFlight; ++j) {
+        const uint32_t s = first + j;
+        parts[j] = s < slots_per_token && (written >> s & 1u) ? token_slots[uint64_t{s} * vectors] : make_uint4(0, 0, 0, 0);
       }
-      out[v] = make_uint4(words[0], words[1], words[2], words[3]);
+#pragma unroll
+      for (uint32_t j = 0; j < kSlotsInFlight; ++j) add_bf16x8(sum, parts[j]);
     }
+    uint32_t words[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(sum[2 * i], sum[2 * i + 1]);
+      words[i] = *reinterpret_cast<const uint32_t*>(&pair);
+    }
+    y[item] = make_uint4(words[0], words[1], words[2], words[3]);
   }
 }
 

@@ -56,11 +56,25 @@ struct StagedInputs {
 };
 
 __global__ void stage_inputs(const StagedInputs inputs) {
+  constexpr uint32_t kUnroll = 4;  // 16-byte vectors in flight per thread
+  const uint64_t thread = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x;
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
   for (const StagedCopy& copy : inputs.copies) {
     if (copy.source == nullptr) continue;
-    for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < copy.words; i += stride)
-      copy.destination[i] = copy.source[i];
+    const bool aligned = ((reinterpret_cast<uintptr_t>(copy.source) | reinterpret_cast<uintptr_t>(copy.destination)) & 15) == 0;
+    const uint64_t vectors = aligned ? copy.words / 4 : 0;
+    const uint4* source = reinterpret_cast<const uint4*>(copy.source);
+    uint4* destination = reinterpret_cast<uint4*>(copy.destination);
+    for (uint64_t first = thread; first < vectors; first += kUnroll * stride) {
+      uint4 parts[kUnroll];
+#pragma unroll
+      for (uint32_t j = 0; j < kUnroll; ++j)
+        if (first + j * stride < vectors) parts[j] = source[first + j * stride];
+#pragma unroll
+      for (uint32_t j = 0; j < kUnroll; ++j)
+        if (first + j * stride < vectors) destination[first + j * stride] = parts[j];
+    }
+    for (uint64_t i = vectors * 4 + thread; i < copy.words; i += stride) copy.destination[i] = copy.source[i];
   }
 }
 

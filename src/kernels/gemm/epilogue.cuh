@@ -1,7 +1,11 @@
-// Epilogues of the grouped GEMM. Both receive a math warpgroup's accumulators for one tile —
-// acc[j][4i + q] holds weight row 128w + 64j + 16*warp + lane/4 + 8*(q/2) and token column
-// 8i + 2*(lane%4) + q%2 — transpose them through shared memory into token-major rows, and store
-// whole 16-byte chunks of each valid token's row.
+// Epilogues of the grouped GEMM. Both receive a math warpgroup's accumulators for one tile in the
+// config's layout (pipeline.cuh), write them token-major into shared memory, and then store whole
+// 16-byte chunks of each valid token's row.
+//
+// weights_on_m: acc[j][4i + q] holds weight row 128w + 64j + 16 warp + lane/4 + 8 (q/2) and token
+//   8i + 2 (lane%4) + q%2.
+// tokens_on_m:  acc[h][4i + q] holds token 64w + 16 warp + lane/4 + 8 (q/2) and weight row
+//   128h + 8i + 2 (lane%4) + q%2.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -17,13 +21,17 @@
 
 namespace megamoe::gemm {
 
-// Where one math thread's accumulators sit in the tile.
+// Where one math thread's accumulators sit in the tile (weights_on_m).
 struct FragmentCoords {
   uint32_t row0;  // weight row within the warpgroup's m64 block for q < 2; row0 + 8 for q >= 2
   uint32_t lane;
   __device__ static uint32_t column(uint32_t i, uint32_t lane) { return 8 * (i / 4) + 2 * (lane % 4) + (i % 2); }
   __device__ uint32_t row(uint32_t i) const { return row0 + 8 * ((i % 4) / 2); }
 };
+
+// The accumulator column pair (i, i + 1) of register i (even) in an n128 block, and its row.
+__device__ __forceinline__ uint32_t pair_column(uint32_t i, uint32_t lane) { return 8 * (i / 4) + 2 * (lane % 4); }
+__device__ __forceinline__ uint32_t pair_row_select(uint32_t i) { return (i % 4) / 2; }
 
 __device__ __forceinline__ uint8_t to_e4m3(float value) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(value, __NV_SATFINITE, __NV_E4M3));
@@ -34,11 +42,29 @@ __device__ __forceinline__ uint16_t to_bf16_bits(float value) {
   return *reinterpret_cast<const uint16_t*>(&rounded);
 }
 
-// L1: the tile's 256 rows are gate and up of 128 intermediate channels (weights.h: warpgroup w holds
-// gate rows of channels 64w..64w+63 in m64 block 0 and their up rows in block 1). Computes
-// SiLU(gate) * up * route weight, then per token either one E4M3 block of 128 channels with its FP32
-// scale (fp8 recipes) or BF16, and writes it to row `row_begin + token` of the L2 pool at channel
-// 128 * m_tile.
+__device__ __forceinline__ uint32_t to_bf16x2_bits(float low, float high) {
+  return uint32_t{to_bf16_bits(low)} | (uint32_t{to_bf16_bits(high)} << 16);
+}
+
+// Copies the staged rows of the tile's valid tokens out in 16-byte chunks: `destination(token, part)`
+// gives the address of chunk `part` of that token's row, or nullptr to skip it.
+template <class Config, uint32_t kRowBytes, class Destination>
+__device__ __forceinline__ void store_staged_rows(const uint8_t* staging, uint32_t stride, uint32_t rows,
+                                                  uint32_t math_thread, const Destination& destination) {
+  constexpr uint32_t kChunksPerRow = kRowBytes / 16;
+  for (uint32_t chunk = math_thread; chunk < Config::kBlockN * kChunksPerRow; chunk += Config::kMathThreads) {
+    const uint32_t token = chunk / kChunksPerRow;
+    const uint32_t part = chunk % kChunksPerRow;
+    if (token >= rows) continue;
+    uint4* address = destination(token, part);
+    if (address != nullptr) *address = *reinterpret_cast<const uint4*>(staging + token * stride + part * 16);
+  }
+}
+
+// L1: the tile's 256 rows are gate and up of 128 intermediate channels (weights.h: rows [128c, 128c + 64)
+// are gate of channels 64c..64c+63 and the next 64 rows their up). Computes SiLU(gate) * up * route
+// weight, then per token either one E4M3 block of 128 channels with its FP32 scale (fp8 recipes) or
+// BF16, and writes it to row `row_begin + token` of the L2 pool at channel 128 * m_tile.
 template <class Config>
 struct SwigluEpilogue {
   void* out;                 // [rows][n_out / 2] activation elements
@@ -47,29 +73,82 @@ struct SwigluEpilogue {
   uint32_t out_row_elements;
   uint32_t scale_rows;
 
+  using Policy = typename Config::Policy;
+
+  __device__ float route_weight(const Tile& tile, uint32_t token) const {
+    return (row_weights != nullptr && token < tile.rows) ? row_weights[tile.row_begin + token] : 1.0f;
+  }
+  __device__ void store_scale(const Tile& tile, uint32_t token, float scale) const {
+    if (token < tile.rows) out_scales[static_cast<uint64_t>(tile.m_tile) * scale_rows + tile.row_begin + token] = scale;
+  }
+
+  // What apply needs from global memory, loaded before the tile's mainloop so its latency hides there:
+  // the route weights of the thread's two tokens (tokens_on_m).
+  struct Prefetched {
+    float route_weights[2];
+  };
+  __device__ Prefetched prefetch(const Tile& tile, uint32_t warpgroup, uint32_t warp, uint32_t lane) const {
+    if constexpr (Config::kLayout == TileLayout::weights_on_m) return {{1.0f, 1.0f}};
+    const uint32_t token0 = 64 * warpgroup + 16 * warp + lane / 4;
+    return {{route_weight(tile, token0), route_weight(tile, token0 + 8)}};
+  }
+
   __device__ void apply(const SharedStorage<Config>& smem, const Tile& tile, float (&acc)[2][Config::kAccRegs],
-                        uint32_t warpgroup, uint32_t warp, uint32_t lane, uint32_t math_thread) const {
-    using Policy = typename Config::Policy;
+                        const Prefetched& prefetched, uint32_t warpgroup, uint32_t warp, uint32_t lane,
+                        uint32_t math_thread) const {
+    if constexpr (Config::kLayout == TileLayout::weights_on_m) {
+      stage_weights_on_m(smem, tile, acc, warpgroup, warp, lane, math_thread);
+      math_barrier<Config>();
+      store_staged_channels(smem, tile, math_thread, 0);
+      math_barrier<Config>();  // staging is free for the next tile
+    } else {
+      float inverse_scales[2];
+      activate_tokens_on_m(tile, acc, prefetched.route_weights, warpgroup, warp, lane, inverse_scales);
+#pragma unroll
+      for (uint32_t h = 0; h < 2; ++h) {
+        stage_tokens_on_m(smem, acc[h], warpgroup, warp, lane, inverse_scales);
+        math_barrier<Config>();
+        store_staged_channels(smem, tile, math_thread, 64 * h);
+        math_barrier<Config>();
+      }
+    }
+  }
+
+  // Stores the staged channels [first, first + kL1StagingChannels) of each valid token's output row.
+  __device__ void store_staged_channels(const SharedStorage<Config>& smem, const Tile& tile, uint32_t math_thread,
+                                        uint32_t first_channel) const {
+    constexpr uint32_t kBytes = Config::kL1StagingChannels * Policy::kElementBytes;
+    store_staged_rows<Config, kBytes>(smem.staging(), Config::kL1StagingStride, tile.rows, math_thread,
+                                      [&](uint32_t token, uint32_t part) {
+                                        const uint64_t row = tile.row_begin + token;
+                                        return reinterpret_cast<uint4*>(
+                                            static_cast<uint8_t*>(out) +
+                                            (row * out_row_elements + tile.m_tile * 128ull + first_channel) *
+                                                Policy::kElementBytes +
+                                            part * 16);
+                                      });
+  }
+
+  // Warpgroup w holds gate rows of channels 64w.. in acc[0] and their up rows in acc[1]; a token's
+  // channels are spread over all 8 math warps, so the amax goes through shared memory.
+  __device__ void stage_weights_on_m(const SharedStorage<Config>& smem, const Tile& tile,
+                                     float (&acc)[2][Config::kAccRegs], uint32_t warpgroup, uint32_t warp,
+                                     uint32_t lane, uint32_t math_thread) const {
     constexpr uint32_t kBlockN = Config::kBlockN;
     const FragmentCoords frag{16 * warp + lane / 4, lane};
-
-    float route_weight[Config::kAccRegs / 2];  // per column this thread holds (two per 8-column group)
+    float weights[Config::kAccRegs / 2];  // per column this thread holds (two per 8-column group)
 #pragma unroll
-    for (uint32_t c = 0; c < Config::kAccRegs / 2; ++c) {
-      const uint32_t column = FragmentCoords::column(2 * (c / 2) * 2 + (c % 2), lane);
-      route_weight[c] = (row_weights != nullptr && column < tile.rows) ? row_weights[tile.row_begin + column] : 1.0f;
-    }
+    for (uint32_t c = 0; c < Config::kAccRegs / 2; ++c)
+      weights[c] = route_weight(tile, FragmentCoords::column(2 * (c / 2) * 2 + (c % 2), lane));
 #pragma unroll
     for (uint32_t i = 0; i < Config::kAccRegs; ++i) {
       const float gate = acc[0][i];
-      const float up = acc[1][i];
-      acc[0][i] = gate / (1.0f + expf(-gate)) * up * route_weight[(i / 4) * 2 + (i % 2)];
+      acc[0][i] = gate / (1.0f + expf(-gate)) * acc[1][i] * weights[(i / 4) * 2 + (i % 2)];
     }
 
     uint8_t* staging = smem.staging();
     const uint32_t channel_base = 64 * warpgroup;
     if constexpr (Policy::kScaled) {
-      // Per-token amax over the tile's 128 channels: registers -> warp shuffle -> both warpgroups.
       float* amax_parts = smem.exchange();  // [8 warps][kBlockN]
       float* inverse_scales = amax_parts + 8 * kBlockN;
 #pragma unroll
@@ -90,8 +169,7 @@ struct SwigluEpilogue {
         for (uint32_t w = 0; w < 8; ++w) amax = fmaxf(amax, amax_parts[w * kBlockN + math_thread]);
         const Fp8BlockQuantizer quantizer = Fp8BlockQuantizer::from_amax(amax);
         inverse_scales[math_thread] = quantizer.inverse_scale;
-        if (math_thread < tile.rows)
-          out_scales[static_cast<uint64_t>(tile.m_tile) * scale_rows + tile.row_begin + math_thread] = quantizer.scale;
+        store_scale(tile, math_thread, quantizer.scale);
       }
       math_barrier<Config>();
 #pragma unroll
@@ -108,21 +186,57 @@ struct SwigluEpilogue {
             to_bf16_bits(acc[0][i]);
       }
     }
-    math_barrier<Config>();
+  }
 
-    constexpr uint32_t kRowBytes = 128 * Policy::kElementBytes;
-    constexpr uint32_t kChunksPerRow = kRowBytes / 16;
-    for (uint32_t chunk = math_thread; chunk < kBlockN * kChunksPerRow; chunk += Config::kMathThreads) {
-      const uint32_t column = chunk / kChunksPerRow;
-      const uint32_t part = chunk % kChunksPerRow;
-      if (column >= tile.rows) continue;
-      const uint64_t row = tile.row_begin + column;
-      uint8_t* destination = static_cast<uint8_t*>(out) +
-                             (row * out_row_elements + tile.m_tile * 128ull) * Policy::kElementBytes + part * 16;
-      *reinterpret_cast<uint4*>(destination) =
-          *reinterpret_cast<const uint4*>(staging + column * Config::kL1StagingStride + part * 16);
+  // acc[h] columns [0, 64) are gate of channels 64h.., [64, 128) their up: register i (< 32) pairs with
+  // i + 32 in the same thread. A token's 128 channels sit in the 4 lanes of a quad. Leaves the
+  // activations in acc[h][0, 32) and, for fp8, the inverse scales of the thread's two tokens.
+  __device__ void activate_tokens_on_m(const Tile& tile, float (&acc)[2][Config::kAccRegs], const float (&weights)[2],
+                                       uint32_t warpgroup, uint32_t warp, uint32_t lane,
+                                       float (&inverse_scales)[2]) const {
+    const uint32_t token0 = 64 * warpgroup + 16 * warp + lane / 4;
+#pragma unroll
+    for (uint32_t h = 0; h < 2; ++h)
+#pragma unroll
+      for (uint32_t i = 0; i < 32; ++i) {
+        const float gate = acc[h][i];
+        acc[h][i] = gate / (1.0f + expf(-gate)) * acc[h][i + 32] * weights[pair_row_select(i)];
+      }
+    if constexpr (Policy::kScaled) {
+      float amax[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (uint32_t h = 0; h < 2; ++h)
+#pragma unroll
+        for (uint32_t i = 0; i < 32; ++i) amax[pair_row_select(i)] = fmaxf(amax[pair_row_select(i)], fabsf(acc[h][i]));
+#pragma unroll
+      for (uint32_t r = 0; r < 2; ++r) {
+        amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xFFFFFFFFu, amax[r], 1));
+        amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xFFFFFFFFu, amax[r], 2));
+        const Fp8BlockQuantizer quantizer = Fp8BlockQuantizer::from_amax(amax[r]);
+        inverse_scales[r] = quantizer.inverse_scale;
+        if (lane % 4 == 0) store_scale(tile, token0 + 8 * r, quantizer.scale);
+      }
     }
-    math_barrier<Config>();  // staging is free for the next tile
+  }
+
+  // Writes the 64 activations of acc_half (channels 64h..) token-major into the staging rows.
+  __device__ void stage_tokens_on_m(const SharedStorage<Config>& smem, const float (&acc_half)[Config::kAccRegs],
+                                    uint32_t warpgroup, uint32_t warp, uint32_t lane,
+                                    const float (&inverse_scales)[2]) const {
+    uint8_t* staging = smem.staging();
+    const uint32_t token0 = 64 * warpgroup + 16 * warp + lane / 4;
+#pragma unroll
+    for (uint32_t i = 0; i < 32; i += 2) {
+      const uint32_t r = pair_row_select(i);
+      uint8_t* row = staging + (token0 + 8 * r) * Config::kL1StagingStride;
+      if constexpr (Policy::kScaled) {
+        const uint16_t pair = uint16_t{to_e4m3(acc_half[i] * inverse_scales[r])} |
+                              static_cast<uint16_t>(uint16_t{to_e4m3(acc_half[i + 1] * inverse_scales[r])} << 8);
+        *reinterpret_cast<uint16_t*>(row + pair_column(i, lane)) = pair;
+      } else {
+        *reinterpret_cast<uint32_t*>(row + 2 * pair_column(i, lane)) = to_bf16x2_bits(acc_half[i], acc_half[i + 1]);
+      }
+    }
   }
 };
 
@@ -152,39 +266,75 @@ struct SharedDestination {
   }
 };
 
+// Either kind of destination: a launch may carry routed and shared jobs with one epilogue type.
+struct SlotDestination {
+  RoutedDestination routed;
+  SharedDestination shared;
+  bool is_shared;
+  __device__ uint16_t* row(uint32_t pool_row) const { return is_shared ? shared.row(pool_row) : routed.row(pool_row); }
+};
+
 // L2: BF16 rows of 256 output features per token, stored to destination.row(pool row) + 256 * m_tile.
-template <class Config, class Destination>
+template <class Config>
 struct StoreEpilogue {
-  Destination destination;
+  SlotDestination destination;
   uint32_t n_out;  // features per row (hidden); a last partial tile stores only the valid ones
 
-  __device__ void apply(const SharedStorage<Config>& smem, const Tile& tile, float (&acc)[2][Config::kAccRegs],
-                        uint32_t warpgroup, uint32_t warp, uint32_t lane, uint32_t math_thread) const {
-    constexpr uint32_t kBlockN = Config::kBlockN;
-    const FragmentCoords frag{16 * warp + lane / 4, lane};
-    uint8_t* staging = smem.staging();
+  // The destination rows of the thread's two tokens (tokens_on_m): finding a routed row reads its
+  // pool source, so it is done before the tile's mainloop.
+  struct Prefetched {
+    uint16_t* rows[2];
+  };
+  __device__ Prefetched prefetch(const Tile& tile, uint32_t warpgroup, uint32_t warp, uint32_t lane) const {
+    Prefetched prefetched{{nullptr, nullptr}};
+    if constexpr (Config::kLayout == TileLayout::tokens_on_m) {
+      const uint32_t token0 = 64 * warpgroup + 16 * warp + lane / 4;
 #pragma unroll
-    for (uint32_t j = 0; j < 2; ++j) {
-#pragma unroll
-      for (uint32_t i = 0; i < Config::kAccRegs; ++i) {
-        const uint32_t feature = 128 * warpgroup + 64 * j + frag.row(i);
-        reinterpret_cast<uint16_t*>(staging + FragmentCoords::column(i, lane) * Config::kL2StagingStride)[feature] =
-            to_bf16_bits(acc[j][i]);
+      for (uint32_t r = 0; r < 2; ++r) {
+        const uint32_t token = token0 + 8 * r;
+        if (token < tile.rows) prefetched.rows[r] = destination.row(tile.row_begin + token) + tile.m_tile * Config::kBlockM;
       }
     }
-    math_barrier<Config>();
+    return prefetched;
+  }
 
-    constexpr uint32_t kChunksPerRow = Config::kBlockM * 2 / 16;
-    const uint32_t first_feature = tile.m_tile * Config::kBlockM;
-    for (uint32_t chunk = math_thread; chunk < kBlockN * kChunksPerRow; chunk += Config::kMathThreads) {
-      const uint32_t column = chunk / kChunksPerRow;
-      const uint32_t part = chunk % kChunksPerRow;
-      if (column >= tile.rows || first_feature + part * 8 >= n_out) continue;
-      uint16_t* row = destination.row(tile.row_begin + column);
-      *reinterpret_cast<uint4*>(row + first_feature + part * 8) =
-          *reinterpret_cast<const uint4*>(staging + column * Config::kL2StagingStride + part * 16);
+  __device__ void apply(const SharedStorage<Config>& smem, const Tile& tile, float (&acc)[2][Config::kAccRegs],
+                        const Prefetched& prefetched, uint32_t warpgroup, uint32_t warp, uint32_t lane,
+                        uint32_t math_thread) const {
+    if constexpr (Config::kLayout == TileLayout::weights_on_m) {
+      uint8_t* staging = smem.staging();
+      const FragmentCoords frag{16 * warp + lane / 4, lane};
+#pragma unroll
+      for (uint32_t j = 0; j < 2; ++j)
+#pragma unroll
+        for (uint32_t i = 0; i < Config::kAccRegs; ++i) {
+          const uint32_t feature = 128 * warpgroup + 64 * j + frag.row(i);
+          reinterpret_cast<uint16_t*>(staging + FragmentCoords::column(i, lane) * Config::kL2StagingStride)[feature] =
+              to_bf16_bits(acc[j][i]);
+        }
+      math_barrier<Config>();
+      const uint32_t first_feature = tile.m_tile * Config::kBlockM;
+      store_staged_rows<Config, Config::kBlockM * 2>(staging, Config::kL2StagingStride, tile.rows, math_thread,
+                                                     [&](uint32_t token, uint32_t part) -> uint4* {
+                                                       if (first_feature + part * 8 >= n_out) return nullptr;
+                                                       return reinterpret_cast<uint4*>(
+                                                           destination.row(tile.row_begin + token) + first_feature +
+                                                           part * 8);
+                                                     });
+      math_barrier<Config>();
+    } else {
+      // Straight from registers: each quad writes 16 contiguous bytes of a row per store.
+      const uint32_t valid_features = n_out - tile.m_tile * Config::kBlockM;
+#pragma unroll
+      for (uint32_t h = 0; h < 2; ++h)
+#pragma unroll
+        for (uint32_t i = 0; i < Config::kAccRegs; i += 2) {
+          uint16_t* row = prefetched.rows[pair_row_select(i)];
+          const uint32_t feature = 128 * h + pair_column(i, lane);
+          if (row != nullptr && feature < valid_features)
+            *reinterpret_cast<uint32_t*>(row + feature) = to_bf16x2_bits(acc[h][i], acc[h][i + 1]);
+        }
     }
-    math_barrier<Config>();
   }
 };
 

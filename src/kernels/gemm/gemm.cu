@@ -36,6 +36,8 @@ CUtensorMap make_tensor_map_2d(const void* base, CUtensorMapDataType type, uint6
   return map;
 }
 
+namespace {
+
 void validate_operands(const GemmOperands& operands, uint32_t element_bytes, bool scaled) {
   require(operands.num_groups >= 1, "num_groups", "must be at least 1");
   require(operands.groups.num_groups >= 1 && operands.groups.num_groups <= kMaxGroups, "groups",
@@ -58,30 +60,66 @@ void validate_operands(const GemmOperands& operands, uint32_t element_bytes, boo
   require(operands.timeout_ns > 0, "timeout_ns", "must be positive");
 }
 
-uint32_t choose_block_n(uint32_t expected_rows_per_group, uint32_t max_block_n) {
+}  // namespace
+
+TileShape choose_tile(uint32_t expected_rows_per_group) {
+  if (expected_rows_per_group > 64) return {TileLayout::tokens_on_m, 128};
   uint32_t block_n = 16;
-  while (block_n < max_block_n && block_n < expected_rows_per_group) block_n *= 2;
-  return block_n;
+  while (block_n < expected_rows_per_group) block_n *= 2;
+  return {TileLayout::weights_on_m, block_n};
+}
+
+const char* to_string(TileLayout layout) {
+  return layout == TileLayout::tokens_on_m ? "tokens_on_m" : "weights_on_m";
+}
+
+void validate_jobs(std::span<const GemmOperands* const> operands, uint32_t element_bytes, bool scaled) {
+  for (const GemmOperands* job : operands) validate_operands(*job, element_bytes, scaled);
+  if (operands.size() > 1) {
+    const GemmOperands& second = *operands[1];
+    require(second.groups.prefix == nullptr && second.groups.num_groups == 1, "jobs[1].groups",
+            "the second job of a launch must be one group of host-known rows (prefix nullptr)");
+    require(second.recipe == operands[0]->recipe, "jobs[1].recipe", "must match the first job's");
+  }
+}
+
+namespace {
+
+void check_recipe(Recipe recipe) {
+  require(recipe != Recipe::fp8_fp4, "recipe", "fp8_fp4 has no GPU kernel yet (CPU reference only)");
+}
+
+}  // namespace
+
+void grouped_gemm_swiglu(std::span<const SwigluJob> jobs, int grid, cudaStream_t stream) {
+  require(!jobs.empty(), "jobs", "must not be empty");
+  check_recipe(jobs[0].operands.recipe);
+  if (jobs[0].operands.recipe == Recipe::fp8) detail::fp8_swiglu(jobs, grid, stream);
+  else detail::bf16_swiglu(jobs, grid, stream);
+}
+
+void grouped_gemm_store(std::span<const StoreJob> jobs, int grid, cudaStream_t stream) {
+  require(!jobs.empty(), "jobs", "must not be empty");
+  check_recipe(jobs[0].operands.recipe);
+  if (jobs[0].operands.recipe == Recipe::fp8) detail::fp8_store(jobs, grid, stream);
+  else detail::bf16_store(jobs, grid, stream);
 }
 
 void grouped_gemm_swiglu(const GemmOperands& operands, const SwigluOutput& output, int grid, cudaStream_t stream) {
-  require(operands.recipe != Recipe::fp8_fp4, "recipe", "fp8_fp4 has no GPU kernel yet (CPU reference only)");
-  if (operands.recipe == Recipe::fp8) detail::fp8_swiglu(operands, output, grid, stream);
-  else detail::bf16_swiglu(operands, output, grid, stream);
+  const SwigluJob job{operands, output};
+  grouped_gemm_swiglu(std::span<const SwigluJob>(&job, 1), grid, stream);
 }
 
 void grouped_gemm_store(const GemmOperands& operands, const RoutedDestination& destination, int grid,
                         cudaStream_t stream) {
-  require(operands.recipe != Recipe::fp8_fp4, "recipe", "fp8_fp4 has no GPU kernel yet (CPU reference only)");
-  if (operands.recipe == Recipe::fp8) detail::fp8_store(operands, destination, grid, stream);
-  else detail::bf16_store(operands, destination, grid, stream);
+  const StoreJob job{operands, SlotDestination{destination, {}, false}};
+  grouped_gemm_store(std::span<const StoreJob>(&job, 1), grid, stream);
 }
 
 void grouped_gemm_store(const GemmOperands& operands, const SharedDestination& destination, int grid,
                         cudaStream_t stream) {
-  require(operands.recipe != Recipe::fp8_fp4, "recipe", "fp8_fp4 has no GPU kernel yet (CPU reference only)");
-  if (operands.recipe == Recipe::fp8) detail::fp8_store(operands, destination, grid, stream);
-  else detail::bf16_store(operands, destination, grid, stream);
+  const StoreJob job{operands, SlotDestination{{}, destination, true}};
+  grouped_gemm_store(std::span<const StoreJob>(&job, 1), grid, stream);
 }
 
 }  // namespace megamoe::gemm

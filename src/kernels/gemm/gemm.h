@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <span>
 
 #include "kernels/gemm/epilogue.cuh"
 #include "kernels/gemm/scheduler.cuh"
@@ -42,9 +43,29 @@ struct SwigluOutput {
   uint32_t scale_rows = 0;
 };
 
-// The token tile (BLOCK_N) the heuristic picks for this many rows per group: the smallest of
-// 16, 32, 64, 128 that holds them, capped by the recipe's largest.
-uint32_t choose_block_n(uint32_t expected_rows_per_group, uint32_t max_block_n);
+// The tile the heuristic picks for this many rows per group: weights_on_m with the smallest token
+// tile of 16, 32, 64 that holds them (weight streaming), and tokens_on_m with 128 above that.
+struct TileShape {
+  TileLayout layout;
+  uint32_t block_n;
+};
+TileShape choose_tile(uint32_t expected_rows_per_group);
+const char* to_string(TileLayout layout);
+
+// One GEMM of a launch and where its results go. A launch runs one job, or two when the second is
+// a single group of host-known rows (the shared experts beside the routed ones): one persistent
+// grid then balances both. The tile shape follows the first job's expected rows.
+struct SwigluJob {
+  GemmOperands operands;
+  SwigluOutput output;
+};
+struct StoreJob {
+  GemmOperands operands;
+  SlotDestination output;
+};
+
+void grouped_gemm_swiglu(std::span<const SwigluJob> jobs, int grid, cudaStream_t stream);
+void grouped_gemm_store(std::span<const StoreJob> jobs, int grid, cudaStream_t stream);
 
 void grouped_gemm_swiglu(const GemmOperands& operands, const SwigluOutput& output, int grid, cudaStream_t stream);
 void grouped_gemm_store(const GemmOperands& operands, const RoutedDestination& destination, int grid,

@@ -4,16 +4,12 @@
 
 namespace megamoe::gemm::detail {
 
-void bf16_swiglu(const GemmOperands& operands, const SwigluOutput& output, int grid, cudaStream_t stream) {
-  launch_policy<Bf16Policy, SwigluEpilogueFor>(operands, output, grid, stream);
+void bf16_swiglu(std::span<const SwigluJob> jobs, int grid, cudaStream_t stream) {
+  launch_policy<Bf16Policy, SwigluEpilogueFor>(jobs, grid, stream);
 }
 
-void bf16_store(const GemmOperands& operands, const RoutedDestination& destination, int grid, cudaStream_t stream) {
-  launch_policy<Bf16Policy, StoreEpilogueFor<RoutedDestination>::With>(operands, destination, grid, stream);
-}
-
-void bf16_store(const GemmOperands& operands, const SharedDestination& destination, int grid, cudaStream_t stream) {
-  launch_policy<Bf16Policy, StoreEpilogueFor<SharedDestination>::With>(operands, destination, grid, stream);
+void bf16_store(std::span<const StoreJob> jobs, int grid, cudaStream_t stream) {
+  launch_policy<Bf16Policy, StoreEpilogueFor>(jobs, grid, stream);
 }
 
 }  // namespace megamoe::gemm::detail

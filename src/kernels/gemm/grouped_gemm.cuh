@@ -16,12 +16,10 @@ inline constexpr uint32_t kProducerRegisters = 40;
 inline constexpr uint32_t kMathRegisters = 232;
 
 template <class Config, class Epilogue>
-__global__ void __launch_bounds__(Config::kThreads, 1)
-    grouped_gemm_kernel(const __grid_constant__ CUtensorMap weights_map, const __grid_constant__ CUtensorMap acts_map,
-                        const __grid_constant__ CUtensorMap act_scales_map, const MainloopArgs args,
-                        const Epilogue epilogue) {
+__global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmJobs<Epilogue> jobs) {
   extern __shared__ uint8_t smem_raw[];
-  if (args.watch.control != nullptr && device::rank_timed_out(args.watch.control)) return;
+  const MainloopArgs& first = jobs.job[0].args;
+  if (first.watch.control != nullptr && device::rank_timed_out(first.watch.control)) return;
   const SharedStorage<Config> smem(smem_raw);
   const uint32_t thread = threadIdx.x;
   const uint32_t warpgroup = thread / 128;
@@ -29,7 +27,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const uint32_t lane = thread % 32;
 
   TileScheduler<Config::kBlockN> scheduler;
-  scheduler.build(args.groups, args.m_tiles, smem.scheduler(), thread, Config::kThreads);
+  const bool two_jobs = jobs.num_jobs > 1;
+  scheduler.build(first.groups, first.m_tiles, two_jobs ? jobs.job[1].args.groups : GroupRows{nullptr, 1, 0},
+                  two_jobs ? jobs.job[1].args.m_tiles : 0, smem.scheduler(), thread, Config::kThreads);
   if (thread == 0) {
     for (uint32_t stage = 0; stage < Config::kStages; ++stage) {
       cuda::ptx::mbarrier_init(smem.full(stage), 1);
@@ -42,9 +42,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_decrease<kProducerRegisters>();
-    if (warp == 0 && lane == 0) {
-      produce<Config>(smem, scheduler, &weights_map, &acts_map, &act_scales_map, args);
-    }
+    if (warp == 0 && lane == 0) produce<Config>(smem, scheduler, jobs);
     return;
   }
 
@@ -56,8 +54,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const uint32_t num_tiles = scheduler.num_tiles();
   for (uint32_t index = blockIdx.x; index < num_tiles; index += gridDim.x) {
     const Tile tile = scheduler.tile(index);
-    consume_tile<Config>(smem, ring, tile, args, math_warpgroup, lane, acc);
-    epilogue.apply(smem, tile, acc, math_warpgroup, warp, lane, math_thread);
+    const GemmJob<Epilogue>& job = jobs.job[tile.job];
+    const auto prefetched = job.epilogue.prefetch(tile, math_warpgroup, warp, lane);
+    consume_tile<Config>(smem, ring, tile, job.args, math_warpgroup, warp, lane, acc);
+    job.epilogue.apply(smem, tile, acc, prefetched, math_warpgroup, warp, lane, math_thread);
   }
   // Results may have gone to peers' buffers: make them visible system-wide before whatever barrier
   // the next kernel crosses.

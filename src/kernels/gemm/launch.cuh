@@ -25,25 +25,24 @@ constexpr CUtensorMapDataType operand_type() {
   return Policy::kElementBytes == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
 }
 
-void validate_operands(const GemmOperands& operands, uint32_t element_bytes, bool scaled);
-
+// The TMA descriptors and mainloop arguments of one job under a config.
 template <class Config, class Epilogue>
-void launch_config(const GemmOperands& operands, const Epilogue& epilogue, int grid, cudaStream_t stream) {
+GemmJob<Epilogue> make_job(const GemmOperands& operands, const Epilogue& epilogue) {
   using Policy = typename Config::Policy;
-  const CUtensorMap weights_map = make_tensor_map_2d(
-      operands.weights, operand_type<Policy>(), operands.k, uint64_t{operands.num_groups} * operands.n_out,
-      uint64_t{operands.k} * Policy::kElementBytes, Config::kBlockK, Config::kBlockM, CU_TENSOR_MAP_SWIZZLE_128B,
-      "weights");
-  const CUtensorMap acts_map = make_tensor_map_2d(operands.acts, operand_type<Policy>(), operands.k,
-                                                  operands.act_rows, uint64_t{operands.k} * Policy::kElementBytes,
-                                                  Config::kBlockK, Config::kBlockN, CU_TENSOR_MAP_SWIZZLE_128B, "acts");
-  CUtensorMap act_scales_map{};
+  GemmJob<Epilogue> job{};
+  job.weights_map = make_tensor_map_2d(operands.weights, operand_type<Policy>(), operands.k,
+                                       uint64_t{operands.num_groups} * operands.n_out,
+                                       uint64_t{operands.k} * Policy::kElementBytes, Config::kBlockK, Config::kBlockM,
+                                       CU_TENSOR_MAP_SWIZZLE_128B, "weights");
+  job.acts_map = make_tensor_map_2d(operands.acts, operand_type<Policy>(), operands.k, operands.act_rows,
+                                    uint64_t{operands.k} * Policy::kElementBytes, Config::kBlockK, Config::kBlockN,
+                                    CU_TENSOR_MAP_SWIZZLE_128B, "acts");
   if constexpr (Policy::kScaled) {
-    act_scales_map = make_tensor_map_2d(operands.act_scales, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, operands.act_rows,
-                                        operands.k / 128, uint64_t{operands.act_rows} * 4, Config::kScaleBoxRows, 1,
-                                        CU_TENSOR_MAP_SWIZZLE_NONE, "act_scales");
+    job.act_scales_map = make_tensor_map_2d(operands.act_scales, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, operands.act_rows,
+                                            operands.k / 128, uint64_t{operands.act_rows} * 4, Config::kScaleBoxRows,
+                                            1, CU_TENSOR_MAP_SWIZZLE_NONE, "act_scales");
   }
-  MainloopArgs args;
+  MainloopArgs& args = job.args;
   args.n_out = operands.n_out;
   args.k = operands.k;
   args.k_blocks = operands.k / Config::kBlockK;
@@ -51,6 +50,17 @@ void launch_config(const GemmOperands& operands, const Epilogue& epilogue, int g
   args.groups = operands.groups;
   args.weight_scales = operands.weight_scales;
   args.watch = PipelineWatch{operands.control, operands.rank, operands.timeout_ns};
+  job.epilogue = epilogue;
+  return job;
+}
+
+template <class Config, template <class> class EpilogueFor, class Job>
+void launch_config(std::span<const Job> jobs, int grid, cudaStream_t stream) {
+  using Epilogue = decltype(EpilogueFor<Config>::make(jobs[0].operands, jobs[0].output));
+  GemmJobs<Epilogue> params{};
+  params.num_jobs = static_cast<uint32_t>(jobs.size());
+  for (size_t j = 0; j < jobs.size(); ++j)
+    params.job[j] = make_job<Config>(jobs[j].operands, EpilogueFor<Config>::make(jobs[j].operands, jobs[j].output));
 
   auto kernel = grouped_gemm_kernel<Config, Epilogue>;
   static const bool configured = [&] {
@@ -59,30 +69,29 @@ void launch_config(const GemmOperands& operands, const Epilogue& epilogue, int g
     return true;
   }();
   (void)configured;
-  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(weights_map, acts_map, act_scales_map, args,
-                                                                  epilogue);
+  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(params);
   check_launch(cudaGetLastError(), "grouped GEMM launch");
 }
 
-// Launches the kernel whose token tile is `block_n` (16, 32, ... up to the policy's largest).
-template <class Policy, template <class> class EpilogueFor, uint32_t kBlockN, class Output>
-void launch_block_n(uint32_t block_n, const GemmOperands& operands, const Output& output, int grid,
-                    cudaStream_t stream) {
-  if constexpr (kBlockN < Policy::kMaxBlockN) {
-    if (block_n > kBlockN) {
-      return launch_block_n<Policy, EpilogueFor, 2 * kBlockN>(block_n, operands, output, grid, stream);
-    }
-  }
-  using Config = GemmConfig<Policy, kBlockN>;
-  launch_config<Config>(operands, EpilogueFor<Config>::make(operands, output), grid, stream);
-}
+void validate_jobs(std::span<const GemmOperands* const> operands, uint32_t element_bytes, bool scaled);
 
-template <class Policy, template <class> class EpilogueFor, class Output>
-void launch_policy(const GemmOperands& operands, const Output& output, int grid, cudaStream_t stream) {
-  validate_operands(operands, Policy::kElementBytes, Policy::kScaled);
+// Launches the kernel of the tile shape the heuristic picks for the first job's expected rows.
+template <class Policy, template <class> class EpilogueFor, class Job>
+void launch_policy(std::span<const Job> jobs, int grid, cudaStream_t stream) {
+  require(!jobs.empty() && jobs.size() <= kMaxJobs, "jobs", "a launch runs 1..", kMaxJobs, " GEMMs, got ",
+          jobs.size());
+  const GemmOperands* operands[kMaxJobs] = {};
+  for (size_t j = 0; j < jobs.size(); ++j) operands[j] = &jobs[j].operands;
+  validate_jobs({operands, jobs.size()}, Policy::kElementBytes, Policy::kScaled);
   require(grid >= 1, "grid", "must be at least 1, got ", grid);
-  const uint32_t block_n = choose_block_n(operands.expected_rows_per_group, Policy::kMaxBlockN);
-  launch_block_n<Policy, EpilogueFor, 16>(block_n, operands, output, grid, stream);
+  const auto launch = [&](auto config) { launch_config<decltype(config), EpilogueFor>(jobs, grid, stream); };
+  const TileShape shape = choose_tile(jobs[0].operands.expected_rows_per_group);
+  if (shape.layout == TileLayout::tokens_on_m) return launch(GemmConfig<Policy, TileLayout::tokens_on_m, 128>{});
+  switch (shape.block_n) {
+    case 16: return launch(GemmConfig<Policy, TileLayout::weights_on_m, 16>{});
+    case 32: return launch(GemmConfig<Policy, TileLayout::weights_on_m, 32>{});
+    default: return launch(GemmConfig<Policy, TileLayout::weights_on_m, 64>{});
+  }
 }
 
 template <class Config>
@@ -95,24 +104,19 @@ struct SwigluEpilogueFor {
   }
 };
 
-template <class Destination>
+template <class Config>
 struct StoreEpilogueFor {
-  template <class Config>
-  struct With {
-    static StoreEpilogue<Config, Destination> make(const GemmOperands& operands, const Destination& destination) {
-      return StoreEpilogue<Config, Destination>{destination, operands.n_out};
-    }
-  };
+  static StoreEpilogue<Config> make(const GemmOperands& operands, const SlotDestination& destination) {
+    return StoreEpilogue<Config>{destination, operands.n_out};
+  }
 };
 
 }  // namespace megamoe::gemm
 
 namespace megamoe::gemm::detail {
 // One translation unit per recipe instantiates its kernels (gemm_fp8.cu, gemm_bf16.cu).
-void fp8_swiglu(const GemmOperands&, const SwigluOutput&, int, cudaStream_t);
-void fp8_store(const GemmOperands&, const RoutedDestination&, int, cudaStream_t);
-void fp8_store(const GemmOperands&, const SharedDestination&, int, cudaStream_t);
-void bf16_swiglu(const GemmOperands&, const SwigluOutput&, int, cudaStream_t);
-void bf16_store(const GemmOperands&, const RoutedDestination&, int, cudaStream_t);
-void bf16_store(const GemmOperands&, const SharedDestination&, int, cudaStream_t);
+void fp8_swiglu(std::span<const SwigluJob>, int, cudaStream_t);
+void fp8_store(std::span<const StoreJob>, int, cudaStream_t);
+void bf16_swiglu(std::span<const SwigluJob>, int, cudaStream_t);
+void bf16_store(std::span<const StoreJob>, int, cudaStream_t);
 }  // namespace megamoe::gemm::detail

@@ -1,10 +1,7 @@
 // The grouped GEMM's mainloop: one producer thread streams weight tiles, token tiles and activation
 // scales with TMA into the stage ring; two math warpgroups run wgmma over them into FP32 registers.
-//
-// D[weight rows x tokens] = W[group] . X^T: weights are the wgmma A operand (M = weight rows, 64 per
-// instruction), tokens are B (N = BLOCK_N). Few tokens per expert then cost a narrow N, not a padded
-// M, and the kernel streams weights. Math warpgroup w owns rows [128w, 128w + 128) of the tile as two
-// m64 blocks.
+// The stage contents are the same for both tile layouts (pipeline.cuh); only which operand is
+// wgmma's A differs.
 #pragma once
 
 #include <cuda.h>
@@ -28,14 +25,34 @@ struct MainloopArgs {
   PipelineWatch watch;
 };
 
-template <class Config>
+// One GEMM of a launch: its operands' TMA descriptors, mainloop arguments and epilogue. A launch
+// carries one or two (routed and shared experts) so that one persistent grid balances both.
+inline constexpr uint32_t kMaxJobs = 2;
+
+template <class Epilogue>
+struct GemmJob {
+  CUtensorMap weights_map;
+  CUtensorMap acts_map;
+  CUtensorMap act_scales_map;
+  MainloopArgs args;
+  Epilogue epilogue;
+};
+
+template <class Epilogue>
+struct GemmJobs {
+  GemmJob<Epilogue> job[kMaxJobs];
+  uint32_t num_jobs;
+};
+
+template <class Config, class Epilogue>
 __device__ void produce(const SharedStorage<Config>& smem, const TileScheduler<Config::kBlockN>& scheduler,
-                        const CUtensorMap* weights_map, const CUtensorMap* acts_map,
-                        const CUtensorMap* act_scales_map, const MainloopArgs& args) {
+                        const GemmJobs<Epilogue>& jobs) {
   RingPosition<Config::kStages> ring;
   const uint32_t num_tiles = scheduler.num_tiles();
   for (uint32_t index = blockIdx.x; index < num_tiles; index += gridDim.x) {
     const Tile tile = scheduler.tile(index);
+    const GemmJob<Epilogue>& job = jobs.job[tile.job];
+    const MainloopArgs& args = job.args;
     const int32_t weight_row = static_cast<int32_t>(tile.group * args.n_out + tile.m_tile * Config::kBlockM);
     for (uint32_t kb = 0; kb < args.k_blocks; ++kb) {
       wait_barrier(smem.empty(ring.stage), ring.phase ^ 1, args.watch, ring.stage);
@@ -44,93 +61,190 @@ __device__ void produce(const SharedStorage<Config>& smem, const TileScheduler<C
       cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
                                            full, stage_bytes);
       const int32_t k_coord = static_cast<int32_t>(kb * Config::kBlockK);
-      const int32_t a_coords[2] = {k_coord, weight_row};
-      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.a(ring.stage),
-                                      weights_map, a_coords, full);
-      const int32_t b_coords[2] = {k_coord, static_cast<int32_t>(tile.row_begin)};
-      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.b(ring.stage),
-                                      acts_map, b_coords, full);
+      const int32_t weight_coords[2] = {k_coord, weight_row};
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.weights(ring.stage),
+                                      &job.weights_map, weight_coords, full);
+      const int32_t token_coords[2] = {k_coord, static_cast<int32_t>(tile.row_begin)};
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.tokens(ring.stage),
+                                      &job.acts_map, token_coords, full);
       if constexpr (Config::Policy::kScaled) {
-        const int32_t s_coords[2] = {static_cast<int32_t>(tile.row_begin & ~(Config::kScaleAlignRows - 1)),
-                                     static_cast<int32_t>(kb)};
+        const int32_t scale_coords[2] = {static_cast<int32_t>(tile.row_begin & ~(Config::kScaleAlignRows - 1)),
+                                         static_cast<int32_t>(kb)};
         cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
-                                        smem.act_scales(ring.stage), act_scales_map, s_coords, full);
+                                        smem.act_scales(ring.stage), &job.act_scales_map, scale_coords, full);
       }
       ring.advance();
     }
   }
 }
 
-// Accumulates one tile into acc[j] (m64 block j of this warpgroup's 128 rows), FP32.
+// Releases a stage once every math warp's wgmmas (which read it asynchronously) are done.
 template <class Config>
-__device__ void consume_tile(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
-                             const Tile& tile, const MainloopArgs& args, uint32_t warpgroup, uint32_t lane,
-                             float (&acc)[2][Config::kAccRegs]) {
+__device__ __forceinline__ void release_stage(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
+                                              uint32_t lane) {
+  __syncwarp();
+  if (lane == 0) cuda::ptx::mbarrier_arrive(smem.empty(ring.stage));
+  ring.advance();
+}
+
+// The weight scale of 64-row block `row_block` for K block kb; rows past the group's end (a partial
+// last tile) read none and contribute zero.
+__device__ __forceinline__ float weight_scale(const MainloopArgs& args, uint32_t row_block,
+                                              uint32_t group_row_blocks_end, uint32_t kb) {
+  return row_block < group_row_blocks_end ? __ldg(args.weight_scales + row_block * args.k_blocks + kb) : 0.0f;
+}
+
+// weights_on_m: acc[j] is m64 block j of this warpgroup's 128 weight rows x BLOCK_N tokens.
+template <class Config>
+__device__ void consume_weights_on_m(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
+                                     const Tile& tile, const MainloopArgs& args, uint32_t warpgroup, uint32_t lane,
+                                     float (&acc)[2][Config::kAccRegs]) {
   using Policy = typename Config::Policy;
   using Mma = typename Policy::template Mma<Config::kBlockN>;
   constexpr uint32_t kMmasPerBlock = Config::kBlockK / Policy::kMmaK;
   constexpr uint32_t kM64Bytes = 64 * Config::kRowBytes;
   constexpr uint64_t kDescKStep = 32 >> 4;  // 32 bytes of K, in descriptor units of 16 bytes
 
-#pragma unroll
-  for (uint32_t j = 0; j < 2; ++j)
-#pragma unroll
-    for (uint32_t i = 0; i < Config::kAccRegs; ++i) acc[j][i] = 0.0f;
-
-  // Weight scales of this warpgroup's two m64 blocks: rows past the group's end (a partial last
-  // tile) read none and contribute zero.
   const uint32_t first_row_block = (tile.group * args.n_out + tile.m_tile * Config::kBlockM) / 64 + 2 * warpgroup;
   const uint32_t group_row_blocks_end = (tile.group + 1) * args.n_out / 64;
 
   for (uint32_t kb = 0; kb < args.k_blocks; ++kb) {
     wait_barrier(smem.full(ring.stage), ring.phase, args.watch, ring.stage);
-    const uint64_t desc_b = ptx::smem_desc_sw128(smem.b(ring.stage));
+    const uint64_t desc_tokens = ptx::smem_desc_sw128(smem.tokens(ring.stage));
     if constexpr (Policy::kScaled) {
       const float* act_scales = smem.act_scales(ring.stage) + (tile.row_begin & (Config::kScaleAlignRows - 1));
       float partial[Config::kAccRegs];
 #pragma unroll
       for (uint32_t j = 0; j < 2; ++j) {
-        const uint64_t desc_a = ptx::smem_desc_sw128(smem.a(ring.stage) + (2 * warpgroup + j) * kM64Bytes);
+        const uint64_t desc_weights =
+            ptx::smem_desc_sw128(smem.weights(ring.stage) + (2 * warpgroup + j) * kM64Bytes);
         ptx::fence_registers(partial);
         ptx::wgmma_fence();
 #pragma unroll
         for (uint32_t kk = 0; kk < kMmasPerBlock; ++kk)
-          Mma::mma(desc_a + kk * kDescKStep, desc_b + kk * kDescKStep, partial, kk > 0);
+          Mma::mma(desc_weights + kk * kDescKStep, desc_tokens + kk * kDescKStep, partial, kk > 0);
         ptx::wgmma_commit();
         ptx::wgmma_wait<0>();
         ptx::fence_registers(partial);
-        const uint32_t row_block = first_row_block + j;
-        const float weight_scale =
-            row_block < group_row_blocks_end ? __ldg(args.weight_scales + row_block * args.k_blocks + kb) : 0.0f;
+        const float row_scale = weight_scale(args, first_row_block + j, group_row_blocks_end, kb);
         // Scales are re-read per use (volatile): kept live across both m64 blocks they would cost
-        // BLOCK_N / 4 registers and make the 128-token tile spill.
+        // BLOCK_N / 4 registers and make the widest tile spill.
 #pragma unroll
         for (uint32_t i = 0; i < Config::kAccRegs; i += 2) {
           const volatile float* scales = act_scales + 8 * (i / 4) + 2 * (lane % 4);
-          acc[j][i] += partial[i] * (weight_scale * scales[0]);
-          acc[j][i + 1] += partial[i + 1] * (weight_scale * scales[1]);
+          acc[j][i] += partial[i] * (row_scale * scales[0]);
+          acc[j][i + 1] += partial[i + 1] * (row_scale * scales[1]);
         }
       }
     } else {
 #pragma unroll
       for (uint32_t j = 0; j < 2; ++j) {
-        const uint64_t desc_a = ptx::smem_desc_sw128(smem.a(ring.stage) + (2 * warpgroup + j) * kM64Bytes);
+        const uint64_t desc_weights =
+            ptx::smem_desc_sw128(smem.weights(ring.stage) + (2 * warpgroup + j) * kM64Bytes);
         ptx::fence_registers(acc[j]);
         ptx::wgmma_fence();
 #pragma unroll
         for (uint32_t kk = 0; kk < kMmasPerBlock; ++kk)
-          Mma::mma(desc_a + kk * kDescKStep, desc_b + kk * kDescKStep, acc[j], kb > 0 || kk > 0);
+          Mma::mma(desc_weights + kk * kDescKStep, desc_tokens + kk * kDescKStep, acc[j], kb > 0 || kk > 0);
         ptx::wgmma_commit();
       }
       ptx::wgmma_wait<0>();
       ptx::fence_registers(acc[0]);
       ptx::fence_registers(acc[1]);
     }
-    // Every math warp releases the stage once its wgmmas (which read it asynchronously) are done.
-    __syncwarp();
-    if (lane == 0) cuda::ptx::mbarrier_arrive(smem.empty(ring.stage));
-    ring.advance();
+    release_stage(smem, ring, lane);
   }
+}
+
+// tokens_on_m: acc[h] is this warpgroup's 64 tokens x weight rows [128h, 128h + 128) of the tile.
+// Thread (warp, lane) holds tokens 64w + 16 warp + lane / 4 (+ 8 for registers with i % 4 >= 2).
+template <class Config>
+__device__ void consume_tokens_on_m(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
+                                    const Tile& tile, const MainloopArgs& args, uint32_t warpgroup, uint32_t warp,
+                                    uint32_t lane, float (&acc)[2][Config::kAccRegs]) {
+  using Policy = typename Config::Policy;
+  using Mma = typename Policy::template Mma<128>;
+  constexpr uint32_t kMmasPerBlock = Config::kBlockK / Policy::kMmaK;
+  constexpr uint32_t kHalfBytes = 128 * Config::kRowBytes;
+  constexpr uint64_t kDescKStep = 32 >> 4;
+
+  const uint32_t first_row_block = (tile.group * args.n_out + tile.m_tile * Config::kBlockM) / 64;
+  const uint32_t group_row_blocks_end = (tile.group + 1) * args.n_out / 64;
+  const uint32_t token = 64 * warpgroup + 16 * warp + lane / 4;
+  // A last partial tile may leave this warpgroup's 64 tokens empty: it skips the wgmmas, so the tile
+  // costs the other warpgroup's half of the tensor-core time.
+  if (64 * warpgroup >= tile.rows) {
+    for (uint32_t kb = 0; kb < args.k_blocks; ++kb) {
+      wait_barrier(smem.full(ring.stage), ring.phase, args.watch, ring.stage);
+      release_stage(smem, ring, lane);
+    }
+    return;
+  }
+
+  for (uint32_t kb = 0; kb < args.k_blocks; ++kb) {
+    float row_scales[4];  // the four 64-row weight blocks of the tile; loaded before the wait
+    if constexpr (Policy::kScaled) {
+#pragma unroll
+      for (uint32_t b = 0; b < 4; ++b) row_scales[b] = weight_scale(args, first_row_block + b, group_row_blocks_end, kb);
+    }
+    wait_barrier(smem.full(ring.stage), ring.phase, args.watch, ring.stage);
+    const uint64_t desc_tokens = ptx::smem_desc_sw128(smem.tokens(ring.stage) + warpgroup * 64 * Config::kRowBytes);
+    if constexpr (Policy::kScaled) {
+      const float* act_scales =
+          smem.act_scales(ring.stage) + (tile.row_begin & (Config::kScaleAlignRows - 1)) + token;
+      const float act_scale[2] = {act_scales[0], act_scales[8]};
+      float partial[Config::kAccRegs];
+#pragma unroll
+      for (uint32_t h = 0; h < 2; ++h) {
+        const uint64_t desc_weights = ptx::smem_desc_sw128(smem.weights(ring.stage) + h * kHalfBytes);
+        ptx::fence_registers(partial);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (uint32_t kk = 0; kk < kMmasPerBlock; ++kk)
+          Mma::mma(desc_tokens + kk * kDescKStep, desc_weights + kk * kDescKStep, partial, kk > 0);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+        ptx::fence_registers(partial);
+        // The scales are in registers: the producer may refill the stage while the last half is promoted.
+        if (h == 1) release_stage(smem, ring, lane);
+        // Register i holds column 8 (i / 4) + ...: the first 32 lie in weight block 2h, the rest in 2h + 1.
+        const float scale[2][2] = {{act_scale[0] * row_scales[2 * h], act_scale[1] * row_scales[2 * h]},
+                                   {act_scale[0] * row_scales[2 * h + 1], act_scale[1] * row_scales[2 * h + 1]}};
+#pragma unroll
+        for (uint32_t i = 0; i < Config::kAccRegs; ++i) acc[h][i] += partial[i] * scale[i / 32][(i % 4) / 2];
+      }
+    } else {
+#pragma unroll
+      for (uint32_t h = 0; h < 2; ++h) {
+        const uint64_t desc_weights = ptx::smem_desc_sw128(smem.weights(ring.stage) + h * kHalfBytes);
+        ptx::fence_registers(acc[h]);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (uint32_t kk = 0; kk < kMmasPerBlock; ++kk)
+          Mma::mma(desc_tokens + kk * kDescKStep, desc_weights + kk * kDescKStep, acc[h], kb > 0 || kk > 0);
+        ptx::wgmma_commit();
+      }
+      ptx::wgmma_wait<0>();
+      ptx::fence_registers(acc[0]);
+      ptx::fence_registers(acc[1]);
+      release_stage(smem, ring, lane);
+    }
+  }
+}
+
+// Accumulates one tile into acc (FP32), in the layout of the config.
+template <class Config>
+__device__ void consume_tile(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
+                             const Tile& tile, const MainloopArgs& args, uint32_t warpgroup, uint32_t warp,
+                             uint32_t lane, float (&acc)[2][Config::kAccRegs]) {
+#pragma unroll
+  for (uint32_t j = 0; j < 2; ++j)
+#pragma unroll
+    for (uint32_t i = 0; i < Config::kAccRegs; ++i) acc[j][i] = 0.0f;
+  if constexpr (Config::kLayout == TileLayout::weights_on_m)
+    consume_weights_on_m<Config>(smem, ring, tile, args, warpgroup, lane, acc);
+  else
+    consume_tokens_on_m<Config>(smem, ring, tile, args, warpgroup, warp, lane, acc);
 }
 
 }  // namespace megamoe::gemm

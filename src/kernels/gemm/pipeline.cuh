@@ -1,7 +1,7 @@
 // The grouped GEMM's shared-memory layout and its full/empty mbarrier ring.
 //
-// Stage s holds a 256-row weight tile (A), a BLOCK_N-row token tile (B) and, for scaled recipes, the
-// token tile's activation scales for that K block. full[s] completes when TMA has landed all three;
+// Stage s holds a 256-row weight tile, a BLOCK_N-row token tile and, for scaled recipes, the token
+// tile's activation scales for that K block. full[s] completes when TMA has landed all three;
 // empty[s] completes when all math warps are done reading them.
 #pragma once
 
@@ -16,48 +16,68 @@
 
 namespace megamoe::gemm {
 
-template <class Policy_, uint32_t kBlockN_>
+// Which operand walks wgmma's M dimension (64 rows per instruction).
+enum class TileLayout {
+  // Decode: D[weight rows x tokens]. Few tokens per expert cost a narrow N (16..64), not a padded M.
+  // Math warpgroup w owns weight rows [128w, 128w + 128) as two m64 blocks.
+  weights_on_m,
+  // Prefill: D[tokens x weight rows], 128 tokens x 256 weight rows. Math warpgroup w owns tokens
+  // [64w, 64w + 64) against the weight rows in two n128 halves; activation scales are then per
+  // accumulator row (two per thread) instead of per column.
+  tokens_on_m,
+};
+
+template <class Policy_, TileLayout kLayout_, uint32_t kBlockN_>
 struct GemmConfig {
   using Policy = Policy_;
-  static constexpr uint32_t kBlockM = 256;        // weight rows per tile: 4 wgmma m64 blocks
-  static constexpr uint32_t kBlockN = kBlockN_;   // tokens per tile: the wgmma N
+  static constexpr TileLayout kLayout = kLayout_;
+  static constexpr uint32_t kBlockM = 256;        // weight rows per tile
+  static constexpr uint32_t kBlockN = kBlockN_;   // tokens per tile
   static constexpr uint32_t kBlockK = Policy::kBlockK;
   static constexpr uint32_t kRowBytes = 128;      // K bytes per shared-memory row (128-byte swizzle)
-  static constexpr uint32_t kMathWarpgroups = 2;  // each owns two m64 blocks of the tile
+  static constexpr uint32_t kMathWarpgroups = 2;
   static constexpr uint32_t kThreads = 128 * (1 + kMathWarpgroups);
   static constexpr uint32_t kMathThreads = 128 * kMathWarpgroups;
-  static constexpr uint32_t kAccRegs = kBlockN / 2;  // FP32 accumulators per thread per m64 block
+  // FP32 accumulators per thread in each of its two accumulator blocks (m64 x n kBlockN, or m64 x n128).
+  static constexpr uint32_t kAccRegs = kLayout == TileLayout::weights_on_m ? kBlockN / 2 : 64;
+  static_assert(kLayout == TileLayout::weights_on_m || kBlockN == 128, "tokens_on_m tiles hold 128 tokens");
 
-  static constexpr uint32_t kABytes = kBlockM * kRowBytes;
-  static constexpr uint32_t kBBytes = kBlockN * kRowBytes;
+  static constexpr uint32_t kWeightBytes = kBlockM * kRowBytes;
+  static constexpr uint32_t kTokenBytes = kBlockN * kRowBytes;
   // TMA needs the inner start coordinate 16-byte aligned, and a token tile starts at any pool row:
   // load the scales from the row rounded down to a multiple of 4, and 4 more.
   static constexpr uint32_t kScaleAlignRows = 4;
   static constexpr uint32_t kScaleBoxRows = kBlockN + kScaleAlignRows;
   static constexpr uint32_t kScaleBytes = Policy::kScaled ? kScaleBoxRows * 4 : 0;
   static constexpr uint32_t kScaleStride = (kScaleBytes + 127) / 128 * 128;
-  static constexpr uint32_t kStageTxBytes = kABytes + kBBytes + kScaleBytes;
+  static constexpr uint32_t kStageTxBytes = kWeightBytes + kTokenBytes + kScaleBytes;
 
   // Epilogue staging: one row per token, padded by 16 bytes so the transposing stores spread over banks.
-  static constexpr uint32_t kL1StagingStride = 128 * Policy::kElementBytes + 16;  // 128 channels of output
-  static constexpr uint32_t kL2StagingStride = kBlockM * 2 + 16;                   // 256 BF16 features
+  // weights_on_m stages whole rows (128 output channels of L1, 256 features of L2). tokens_on_m
+  // stages L1 output 64 channels at a time and stores L2 straight from registers, which leaves
+  // room for a fourth stage.
+  static constexpr uint32_t kL1StagingChannels = kLayout == TileLayout::weights_on_m ? 128 : 64;
+  static constexpr uint32_t kL1StagingStride = kL1StagingChannels * Policy::kElementBytes + 16;
+  static constexpr uint32_t kL2StagingStride = kLayout == TileLayout::weights_on_m ? kBlockM * 2 + 16 : 0;
   static constexpr uint32_t kStagingBytes =
       kBlockN * (kL1StagingStride > kL2StagingStride ? kL1StagingStride : kL2StagingStride);
-  static constexpr uint32_t kExchangeBytes = (4 * kMathWarpgroups + 2) * kBlockN * 4;  // amax parts + scales
+  // weights_on_m spreads a token's channels over all 8 math warps: per-warp amax parts + scales.
+  static constexpr uint32_t kExchangeBytes =
+      kLayout == TileLayout::weights_on_m ? (4 * kMathWarpgroups + 2) * kBlockN * 4 : 0;
   static constexpr uint32_t kSchedulerBytes = 2 * (kMaxGroups + 1) * 4;
 
   static constexpr uint32_t kSmemLimit = 227 * 1024;
   static constexpr uint32_t kFixedBytes = 1024 /* alignment slack */ + kStagingBytes + kExchangeBytes +
                                           kSchedulerBytes + 2 * 8 * 16 /* barriers */;
-  static constexpr uint32_t kStageBytes = kABytes + kBBytes + kScaleStride;
+  static constexpr uint32_t kStageBytes = kWeightBytes + kTokenBytes + kScaleStride;
   static constexpr uint32_t kStagesFit = (kSmemLimit - kFixedBytes) / kStageBytes;
   static constexpr uint32_t kStages = kStagesFit > 8 ? 8 : kStagesFit;
   static_assert(kStages >= 2, "tile does not fit shared memory with two stages");
 
   // Offsets from the 1024-aligned base.
-  static constexpr uint32_t kAOffset = 0;
-  static constexpr uint32_t kBOffset = kAOffset + kStages * kABytes;
-  static constexpr uint32_t kScaleOffset = kBOffset + kStages * kBBytes;
+  static constexpr uint32_t kWeightOffset = 0;
+  static constexpr uint32_t kTokenOffset = kWeightOffset + kStages * kWeightBytes;
+  static constexpr uint32_t kScaleOffset = kTokenOffset + kStages * kTokenBytes;
   static constexpr uint32_t kFullOffset = kScaleOffset + kStages * kScaleStride;
   static constexpr uint32_t kEmptyOffset = kFullOffset + kStages * 8;
   static constexpr uint32_t kSchedulerOffset = kEmptyOffset + kStages * 8;
@@ -65,7 +85,7 @@ struct GemmConfig {
   static constexpr uint32_t kStagingOffset = (kExchangeOffset + kExchangeBytes + 127) / 128 * 128;
   static constexpr uint32_t kSmemBytes = kStagingOffset + kStagingBytes + 1024;
   static_assert(kSmemBytes <= kSmemLimit, "shared memory budget exceeded");
-  static_assert(kBBytes % 1024 == 0, "token tiles must be whole 8-row swizzle atoms");
+  static_assert(kTokenBytes % 1024 == 0, "token tiles must be whole 8-row swizzle atoms");
 };
 
 template <class Config>
@@ -74,8 +94,10 @@ struct SharedStorage {
 
   __device__ explicit SharedStorage(uint8_t* raw)
       : base(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023})) {}
-  __device__ uint8_t* a(uint32_t stage) const { return base + Config::kAOffset + stage * Config::kABytes; }
-  __device__ uint8_t* b(uint32_t stage) const { return base + Config::kBOffset + stage * Config::kBBytes; }
+  __device__ uint8_t* weights(uint32_t stage) const {
+    return base + Config::kWeightOffset + stage * Config::kWeightBytes;
+  }
+  __device__ uint8_t* tokens(uint32_t stage) const { return base + Config::kTokenOffset + stage * Config::kTokenBytes; }
   __device__ float* act_scales(uint32_t stage) const {
     return reinterpret_cast<float*>(base + Config::kScaleOffset + stage * Config::kScaleStride);
   }

@@ -18,7 +18,6 @@ struct Fp8Policy {
   static constexpr uint32_t kBlockK = 128;  // elements per K block: one 128-byte swizzled row slice
   static constexpr uint32_t kMmaK = 32;     // elements per wgmma
   static constexpr bool kScaled = true;
-  static constexpr uint32_t kMaxBlockN = 128;
   template <int N>
   using Mma = ptx::WgmmaFp8<N>;
 };
@@ -30,7 +29,6 @@ struct Bf16Policy {
   static constexpr uint32_t kBlockK = 64;
   static constexpr uint32_t kMmaK = 16;
   static constexpr bool kScaled = false;
-  static constexpr uint32_t kMaxBlockN = 128;
   template <int N>
   using Mma = ptx::WgmmaBf16<N>;
 };

@@ -4,6 +4,9 @@
 // rows, n tile of BLOCK_N tokens), m-major so that consecutive tiles reuse one weight tile from L2.
 // Empty groups have no tiles. Every CTA builds the per-group tile prefix in shared memory from the
 // device-side row offsets (the host never reads them) and walks tiles blockIdx.x, +gridDim.x, ...
+//
+// A launch may carry a second job of one group with host-known rows (the shared experts next to the
+// routed ones): its tiles follow the first job's, so one persistent grid balances both.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +26,7 @@ struct GroupRows {
 };
 
 struct Tile {
+  uint32_t job;        // 0, or 1 for the second job of the launch
   uint32_t group;
   uint32_t m_tile;     // weight rows [m_tile * BLOCK_M, +BLOCK_M)
   uint32_t row_begin;  // first pool row of the token tile
@@ -31,16 +35,21 @@ struct Tile {
 
 template <uint32_t kBlockN>
 struct TileScheduler {
-  uint32_t* tile_prefix;  // shared memory, num_groups + 1 entries
+  uint32_t* tile_prefix;  // shared memory, num_groups + 1 entries (the first job)
   uint32_t* group_begin;  // shared memory, num_groups + 1 entries
   uint32_t num_groups;
   uint32_t m_tiles;
+  uint32_t second_rows;     // the second job's rows (0: no second job)
+  uint32_t second_m_tiles;
 
-  // All threads of the CTA call this, followed by a CTA-wide barrier.
-  __device__ void build(const GroupRows& groups, uint32_t m_tiles_per_group, uint32_t* smem, uint32_t thread,
-                        uint32_t num_threads) {
+  // All threads of the CTA call this, followed by a CTA-wide barrier. `second` must be a single
+  // group of fixed rows.
+  __device__ void build(const GroupRows& groups, uint32_t m_tiles_per_group, const GroupRows& second,
+                        uint32_t second_m_tiles_per_group, uint32_t* smem, uint32_t thread, uint32_t num_threads) {
     num_groups = groups.num_groups;
     m_tiles = m_tiles_per_group;
+    second_rows = second.fixed_rows;
+    second_m_tiles = second_m_tiles_per_group;
     tile_prefix = smem;
     group_begin = smem + kMaxGroups + 1;
     if (groups.prefix == nullptr) {
@@ -77,9 +86,14 @@ struct TileScheduler {
     }
   }
 
-  __device__ uint32_t num_tiles() const { return tile_prefix[num_groups]; }
+  __device__ uint32_t first_job_tiles() const { return tile_prefix[num_groups]; }
+  __device__ uint32_t num_tiles() const {
+    return first_job_tiles() + second_m_tiles * ((second_rows + kBlockN - 1) / kBlockN);
+  }
 
   __device__ Tile tile(uint32_t index) const {
+    const uint32_t first_tiles = first_job_tiles();
+    if (index >= first_tiles) return split(1, 0, index - first_tiles, 0, second_rows);
     // The last group whose first tile is <= index (empty groups share their successor's start).
     uint32_t low = 0, high = num_groups - 1;
     while (low < high) {
@@ -87,15 +101,19 @@ struct TileScheduler {
       if (tile_prefix[mid] <= index) low = mid;
       else high = mid - 1;
     }
-    const uint32_t group = low;
-    const uint32_t local = index - tile_prefix[group];
-    const uint32_t rows = group_begin[group + 1] - group_begin[group];
+    return split(0, low, index - tile_prefix[low], group_begin[low], group_begin[low + 1] - group_begin[low]);
+  }
+
+ private:
+  // Tile `local` of a group of `rows` rows starting at pool row `row_begin`.
+  __device__ static Tile split(uint32_t job, uint32_t group, uint32_t local, uint32_t row_begin, uint32_t rows) {
     const uint32_t n_tiles = (rows + kBlockN - 1) / kBlockN;
     Tile tile;
+    tile.job = job;
     tile.group = group;
     tile.m_tile = local / n_tiles;
     const uint32_t n_tile = local % n_tiles;
-    tile.row_begin = group_begin[group] + n_tile * kBlockN;
+    tile.row_begin = row_begin + n_tile * kBlockN;
     const uint32_t remaining = rows - n_tile * kBlockN;
     tile.rows = remaining < kBlockN ? remaining : kBlockN;
     return tile;
