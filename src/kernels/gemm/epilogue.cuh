@@ -104,11 +104,14 @@ struct SwigluEpilogue {
     } else {
       float inverse_scales[2];
       activate_tokens_on_m(tile, acc, prefetched.route_weights, warpgroup, warp, lane, inverse_scales);
+      constexpr uint32_t kHalvesPerPass = Config::kL1StagingChannels / 64;  // E4M3: both halves at once
 #pragma unroll
-      for (uint32_t h = 0; h < 2; ++h) {
-        stage_tokens_on_m(smem, acc[h], warpgroup, warp, lane, inverse_scales);
+      for (uint32_t pass = 0; pass < 2 / kHalvesPerPass; ++pass) {
+#pragma unroll
+        for (uint32_t q = 0; q < kHalvesPerPass; ++q)
+          stage_tokens_on_m(smem, acc[pass * kHalvesPerPass + q], 64 * q, warpgroup, warp, lane, inverse_scales);
         math_barrier<Config>();
-        store_staged_channels(smem, tile, math_thread, 64 * h);
+        store_staged_channels(smem, tile, math_thread, Config::kL1StagingChannels * pass);
         math_barrier<Config>();
       }
     }
@@ -219,11 +222,11 @@ struct SwigluEpilogue {
     }
   }
 
-  // Writes the 64 activations of acc_half (channels 64h..) token-major into the staging rows.
+  // Writes the 64 activations of acc_half token-major into the staging rows, from channel `first`.
   __device__ void stage_tokens_on_m(const SharedStorage<Config>& smem, const float (&acc_half)[Config::kAccRegs],
-                                    uint32_t warpgroup, uint32_t warp, uint32_t lane,
+                                    uint32_t first, uint32_t warpgroup, uint32_t warp, uint32_t lane,
                                     const float (&inverse_scales)[2]) const {
-    uint8_t* staging = smem.staging();
+    uint8_t* staging = smem.staging() + first * Policy::kElementBytes;
     const uint32_t token0 = 64 * warpgroup + 16 * warp + lane / 4;
 #pragma unroll
     for (uint32_t i = 0; i < 32; i += 2) {
@@ -280,19 +283,24 @@ struct StoreEpilogue {
   SlotDestination destination;
   uint32_t n_out;  // features per row (hidden); a last partial tile stores only the valid ones
 
-  // The destination rows of the thread's two tokens (tokens_on_m): finding a routed row reads its
-  // pool source, so it is done before the tile's mainloop.
+  // tokens_on_m stores each pass of staged rows with this thread copying 16-byte chunk `math_thread %
+  // 8` of tokens math_thread / 8 + 32j. Finding a routed row reads its pool source, so the rows of
+  // those tokens are found before the tile's mainloop.
+  static constexpr uint32_t kCopyTokens = Config::kLayout == TileLayout::tokens_on_m
+                                              ? Config::kBlockN * (Config::kPassBytes / 16) / Config::kMathThreads
+                                              : 1;  // unused
   struct Prefetched {
-    uint16_t* rows[2];
+    uint16_t* rows[kCopyTokens];
   };
   __device__ Prefetched prefetch(const Tile& tile, uint32_t warpgroup, uint32_t warp, uint32_t lane) const {
-    Prefetched prefetched{{nullptr, nullptr}};
+    Prefetched prefetched{};
     if constexpr (Config::kLayout == TileLayout::tokens_on_m) {
-      const uint32_t token0 = 64 * warpgroup + 16 * warp + lane / 4;
+      const uint32_t math_thread = 128 * warpgroup + 32 * warp + lane;
 #pragma unroll
-      for (uint32_t r = 0; r < 2; ++r) {
-        const uint32_t token = token0 + 8 * r;
-        if (token < tile.rows) prefetched.rows[r] = destination.row(tile.row_begin + token) + tile.m_tile * Config::kBlockM;
+      for (uint32_t j = 0; j < kCopyTokens; ++j) {
+        const uint32_t token = math_thread / 8 + 32 * j;
+        prefetched.rows[j] =
+            token < tile.rows ? destination.row(tile.row_begin + token) + tile.m_tile * Config::kBlockM : nullptr;
       }
     }
     return prefetched;
@@ -323,17 +331,32 @@ struct StoreEpilogue {
                                                      });
       math_barrier<Config>();
     } else {
-      // Straight from registers: each quad writes 16 contiguous bytes of a row per store.
+      // Four passes of 64 features: acc[p / 2] registers [32 (p % 2), +32) hold features 64p...
+      uint8_t* staging = smem.staging();
+      const uint32_t token0 = 64 * warpgroup + 16 * warp + lane / 4;
       const uint32_t valid_features = n_out - tile.m_tile * Config::kBlockM;
 #pragma unroll
-      for (uint32_t h = 0; h < 2; ++h)
+      for (uint32_t pass = 0; pass < 4; ++pass) {
+        if (64 * pass >= valid_features) break;  // the same for every thread
+        const uint32_t h = pass / 2, first = 32 * (pass % 2);
 #pragma unroll
-        for (uint32_t i = 0; i < Config::kAccRegs; i += 2) {
-          uint16_t* row = prefetched.rows[pair_row_select(i)];
-          const uint32_t feature = 128 * h + pair_column(i, lane);
-          if (row != nullptr && feature < valid_features)
-            *reinterpret_cast<uint32_t*>(row + feature) = to_bf16x2_bits(acc[h][i], acc[h][i + 1]);
+        for (uint32_t i = first; i < first + 32; i += 2) {
+          const uint32_t token = token0 + 8 * pair_row_select(i);
+          *reinterpret_cast<uint32_t*>(staging + token * Config::kL2StagingStride +
+                                       2 * (pair_column(i, lane) - 64 * (pass % 2))) =
+              to_bf16x2_bits(acc[h][i], acc[h][i + 1]);
         }
+        math_barrier<Config>();
+        const uint32_t part = math_thread % 8;
+#pragma unroll
+        for (uint32_t j = 0; j < kCopyTokens; ++j) {
+          if (prefetched.rows[j] == nullptr) continue;
+          const uint32_t token = math_thread / 8 + 32 * j;
+          *reinterpret_cast<uint4*>(prefetched.rows[j] + 64 * pass + 8 * part) =
+              *reinterpret_cast<const uint4*>(staging + token * Config::kL2StagingStride + 16 * part);
+        }
+        math_barrier<Config>();
+      }
     }
   }
 };

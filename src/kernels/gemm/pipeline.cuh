@@ -54,11 +54,13 @@ struct GemmConfig {
 
   // Epilogue staging: one row per token, padded by 16 bytes so the transposing stores spread over banks.
   // weights_on_m stages whole rows (128 output channels of L1, 256 features of L2). tokens_on_m
-  // stages L1 output 64 channels at a time and stores L2 straight from registers, which leaves
-  // room for a fourth stage.
-  static constexpr uint32_t kL1StagingChannels = kLayout == TileLayout::weights_on_m ? 128 : 64;
+  // stages 128 bytes of each row per pass (L1: 128 E4M3 or 64 BF16 channels; L2: 64 features), which
+  // leaves room for a fourth stage; the passes' global stores are still whole 16-byte chunks.
+  static constexpr uint32_t kPassBytes = 128;
+  static constexpr uint32_t kL1StagingChannels =
+      kLayout == TileLayout::weights_on_m ? 128 : kPassBytes / Policy::kElementBytes;
   static constexpr uint32_t kL1StagingStride = kL1StagingChannels * Policy::kElementBytes + 16;
-  static constexpr uint32_t kL2StagingStride = kLayout == TileLayout::weights_on_m ? kBlockM * 2 + 16 : 0;
+  static constexpr uint32_t kL2StagingStride = (kLayout == TileLayout::weights_on_m ? kBlockM * 2 : kPassBytes) + 16;
   static constexpr uint32_t kStagingBytes =
       kBlockN * (kL1StagingStride > kL2StagingStride ? kL1StagingStride : kL2StagingStride);
   // weights_on_m spreads a token's channels over all 8 math warps: per-warp amax parts + scales.
