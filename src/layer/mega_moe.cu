@@ -133,14 +133,16 @@ void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w,
     return expert_operands(p, l, local, view.timeout_ns, weights, scales, first_linear, shared,
                            shared ? tokens : expected_rows);
   };
-  // The shared experts run as a second job of the routed experts' launches when both pick the same
-  // tile shape: one persistent grid then balances both, which matters most when few tokens leave
-  // SMs idle. Otherwise each gets its own launch and tile.
+  // The shared experts run as a second job of the routed experts' launches, in the routed tile
+  // shape, when that shape suits them too: the same shape, or at most 8 token tiles per weight tile.
+  // One persistent grid then balances both, which matters most when few tokens leave SMs idle
+  // (their own launch would cover only n_out / 256 SMs). Otherwise each gets its own launch.
   const bool scaled = p.recipe == Recipe::fp8;
   const bool shared = p.num_shared_experts > 0 && in.num_tokens > 0;
   const gemm::TileShape routed_tile = gemm::choose_tile(expected_rows);
   const gemm::TileShape shared_tile = gemm::choose_tile(tokens);
-  const bool merged = routed_tile.layout == shared_tile.layout && routed_tile.block_n == shared_tile.block_n;
+  const bool merged = (routed_tile.layout == shared_tile.layout && routed_tile.block_n == shared_tile.block_n) ||
+                      tokens <= 8 * routed_tile.block_n;
   const size_t num_jobs = shared && merged ? 2 : 1;
   const gemm::SwigluJob l1_jobs[2] = {
       {operands(true, false),
