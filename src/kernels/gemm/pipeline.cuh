@@ -142,14 +142,21 @@ struct PipelineWatch {
 
 // Waits for the mbarrier phase of the given parity. These waits are inside one CTA, so a timeout means
 // a broken pipeline (a TMA fault or a bookkeeping bug): the first one records a DeviceError and every
-// wait then gives up at once, so the kernel ends and the host reports the record instead of hanging.
+// wait then gives up at its next check, so the kernel ends and the host reports the record instead
+// of hanging.
 // (No printf or trap here: a function call inside the wgmma pipeline would serialize it.)
+//
+// The checks are rare (every kPollsPerCheck polls): a system-scope load of the error record takes
+// about a microsecond, and a barrier that completes meanwhile would be noticed that much later,
+// which at every stage would stall the pipeline.
 __device__ __forceinline__ void wait_barrier(uint64_t* barrier, uint32_t parity, const PipelineWatch& watch,
                                              uint32_t stage) {
+  constexpr uint32_t kPollsPerCheck = 1024;
   if (cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) return;
   const uint64_t start = global_timer_ns();
+  uint32_t polls = 0;
   while (!cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) {
-    if (watch.control == nullptr) continue;
+    if (watch.control == nullptr || ++polls % kPollsPerCheck != 0) continue;
     if (*static_cast<volatile uint32_t*>(&watch.control->error.code) != kDeviceOk) return;
     if (global_timer_ns() - start > watch.timeout_ns) {
       DeviceError error{};
