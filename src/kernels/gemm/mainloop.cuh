@@ -94,6 +94,20 @@ __device__ __forceinline__ float weight_scale(const MainloopArgs& args, uint32_t
   return row_block < group_row_blocks_end ? __ldg(args.weight_scales + row_block * args.k_blocks + kb) : 0.0f;
 }
 
+// Issues the wgmmas of one K block (kBlockK / kMmaK of them, 32 bytes of K each) of A · B into d and
+// commits them as one group; with `accumulate` false the first starts d from zero.
+template <class Config, class Mma, uint32_t kRegs>
+__device__ __forceinline__ void issue_k_block(uint64_t desc_a, uint64_t desc_b, float (&d)[kRegs], bool accumulate) {
+  constexpr uint32_t kMmasPerBlock = Config::kBlockK / Config::Policy::kMmaK;
+  constexpr uint64_t kDescKStep = 32 >> 4;  // 32 bytes of K, in descriptor units of 16 bytes
+  ptx::fence_registers(d);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (uint32_t kk = 0; kk < kMmasPerBlock; ++kk)
+    Mma::mma(desc_a + kk * kDescKStep, desc_b + kk * kDescKStep, d, accumulate || kk > 0);
+  ptx::wgmma_commit();
+}
+
 // weights_on_m: acc[j] is m64 block j of this warpgroup's 128 weight rows x BLOCK_N tokens.
 template <class Config>
 __device__ void consume_weights_on_m(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
@@ -101,9 +115,7 @@ __device__ void consume_weights_on_m(const SharedStorage<Config>& smem, RingPosi
                                      float (&acc)[2][Config::kAccRegs]) {
   using Policy = typename Config::Policy;
   using Mma = typename Policy::template Mma<Config::kBlockN>;
-  constexpr uint32_t kMmasPerBlock = Config::kBlockK / Policy::kMmaK;
   constexpr uint32_t kM64Bytes = 64 * Config::kRowBytes;
-  constexpr uint64_t kDescKStep = 32 >> 4;  // 32 bytes of K, in descriptor units of 16 bytes
 
   const uint32_t first_row_block = (tile.group * args.n_out + tile.m_tile * Config::kBlockM) / 64 + 2 * warpgroup;
   const uint32_t group_row_blocks_end = (tile.group + 1) * args.n_out / 64;
@@ -118,12 +130,7 @@ __device__ void consume_weights_on_m(const SharedStorage<Config>& smem, RingPosi
       for (uint32_t j = 0; j < 2; ++j) {
         const uint64_t desc_weights =
             ptx::smem_desc_sw128(smem.weights(ring.stage) + (2 * warpgroup + j) * kM64Bytes);
-        ptx::fence_registers(partial);
-        ptx::wgmma_fence();
-#pragma unroll
-        for (uint32_t kk = 0; kk < kMmasPerBlock; ++kk)
-          Mma::mma(desc_weights + kk * kDescKStep, desc_tokens + kk * kDescKStep, partial, kk > 0);
-        ptx::wgmma_commit();
+        issue_k_block<Config, Mma>(desc_weights, desc_tokens, partial, false);
         ptx::wgmma_wait<0>();
         ptx::fence_registers(partial);
         const float row_scale = weight_scale(args, first_row_block + j, group_row_blocks_end, kb);
@@ -141,12 +148,7 @@ __device__ void consume_weights_on_m(const SharedStorage<Config>& smem, RingPosi
       for (uint32_t j = 0; j < 2; ++j) {
         const uint64_t desc_weights =
             ptx::smem_desc_sw128(smem.weights(ring.stage) + (2 * warpgroup + j) * kM64Bytes);
-        ptx::fence_registers(acc[j]);
-        ptx::wgmma_fence();
-#pragma unroll
-        for (uint32_t kk = 0; kk < kMmasPerBlock; ++kk)
-          Mma::mma(desc_weights + kk * kDescKStep, desc_tokens + kk * kDescKStep, acc[j], kb > 0 || kk > 0);
-        ptx::wgmma_commit();
+        issue_k_block<Config, Mma>(desc_weights, desc_tokens, acc[j], kb > 0);
       }
       ptx::wgmma_wait<0>();
       ptx::fence_registers(acc[0]);
@@ -164,9 +166,7 @@ __device__ void consume_tokens_on_m(const SharedStorage<Config>& smem, RingPosit
                                     uint32_t lane, float (&acc)[2][Config::kAccRegs]) {
   using Policy = typename Config::Policy;
   using Mma = typename Policy::template Mma<128>;
-  constexpr uint32_t kMmasPerBlock = Config::kBlockK / Policy::kMmaK;
   constexpr uint32_t kHalfBytes = 128 * Config::kRowBytes;
-  constexpr uint64_t kDescKStep = 32 >> 4;
 
   const uint32_t first_row_block = (tile.group * args.n_out + tile.m_tile * Config::kBlockM) / 64;
   const uint32_t group_row_blocks_end = (tile.group + 1) * args.n_out / 64;
@@ -197,12 +197,7 @@ __device__ void consume_tokens_on_m(const SharedStorage<Config>& smem, RingPosit
 #pragma unroll
       for (uint32_t h = 0; h < 2; ++h) {
         const uint64_t desc_weights = ptx::smem_desc_sw128(smem.weights(ring.stage) + h * kHalfBytes);
-        ptx::fence_registers(partial);
-        ptx::wgmma_fence();
-#pragma unroll
-        for (uint32_t kk = 0; kk < kMmasPerBlock; ++kk)
-          Mma::mma(desc_tokens + kk * kDescKStep, desc_weights + kk * kDescKStep, partial, kk > 0);
-        ptx::wgmma_commit();
+        issue_k_block<Config, Mma>(desc_tokens, desc_weights, partial, false);
         ptx::wgmma_wait<0>();
         ptx::fence_registers(partial);
         // The scales are in registers: the producer may refill the stage while the last half is promoted.
@@ -217,12 +212,7 @@ __device__ void consume_tokens_on_m(const SharedStorage<Config>& smem, RingPosit
 #pragma unroll
       for (uint32_t h = 0; h < 2; ++h) {
         const uint64_t desc_weights = ptx::smem_desc_sw128(smem.weights(ring.stage) + h * kHalfBytes);
-        ptx::fence_registers(acc[h]);
-        ptx::wgmma_fence();
-#pragma unroll
-        for (uint32_t kk = 0; kk < kMmasPerBlock; ++kk)
-          Mma::mma(desc_tokens + kk * kDescKStep, desc_weights + kk * kDescKStep, acc[h], kb > 0 || kk > 0);
-        ptx::wgmma_commit();
+        issue_k_block<Config, Mma>(desc_tokens, desc_weights, acc[h], kb > 0);
       }
       ptx::wgmma_wait<0>();
       ptx::fence_registers(acc[0]);
