@@ -78,12 +78,18 @@ __device__ void produce(const SharedStorage<Config>& smem, const TileScheduler<C
   }
 }
 
-// Releases a stage once every math warp's wgmmas (which read it asynchronously) are done.
+// Arrives on a stage's empty barrier for this warp (every wgmma reading the stage has completed).
+template <class Config>
+__device__ __forceinline__ void release_stage_at(const SharedStorage<Config>& smem, uint32_t stage, uint32_t lane) {
+  __syncwarp();
+  if (lane == 0) cuda::ptx::mbarrier_arrive(smem.empty(stage));
+}
+
+// Releases the ring's current stage (every wgmma reading it has completed) and moves to the next.
 template <class Config>
 __device__ __forceinline__ void release_stage(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
                                               uint32_t lane) {
-  __syncwarp();
-  if (lane == 0) cuda::ptx::mbarrier_arrive(smem.empty(ring.stage));
+  release_stage_at(smem, ring.stage, lane);
   ring.advance();
 }
 
@@ -158,19 +164,82 @@ __device__ void consume_weights_on_m(const SharedStorage<Config>& smem, RingPosi
   }
 }
 
+// tokens_on_m, scaled recipes: each K block runs the 256 weight rows as two n128 halves through one
+// partial accumulator (the 128 FP32 results leave no registers for two): wgmma, wait, promote with
+// act_scale[token] x weight_scale[64-row block] into the FP32 result. The tensor cores stay busy
+// while one warpgroup promotes only through the other warpgroup's wgmmas.
+template <class Config>
+__device__ void consume_tokens_on_m_scaled(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
+                                           const Tile& tile, const MainloopArgs& args, uint32_t warpgroup,
+                                           uint32_t warp, uint32_t lane, float (&acc)[2][Config::kAccRegs]) {
+  using Mma = typename Config::Policy::template Mma<128>;
+  constexpr uint32_t kHalfBytes = 128 * Config::kRowBytes;
+  const uint32_t first_row_block = (tile.group * args.n_out + tile.m_tile * Config::kBlockM) / 64;
+  const uint32_t group_row_blocks_end = (tile.group + 1) * args.n_out / 64;
+  const uint32_t token = 64 * warpgroup + 16 * warp + lane / 4;
+  const uint32_t scale_row = (tile.row_begin & (Config::kScaleAlignRows - 1)) + token;
+
+  float partial[Config::kAccRegs];
+  for (uint32_t kb = 0; kb < args.k_blocks; ++kb) {
+    float row_scales[4];  // the tile's four 64-row weight blocks; loaded before the wait
+#pragma unroll
+    for (uint32_t b = 0; b < 4; ++b) row_scales[b] = weight_scale(args, first_row_block + b, group_row_blocks_end, kb);
+    wait_barrier(smem.full(ring.stage), ring.phase, args.watch, ring.stage);
+    const uint64_t desc_tokens = ptx::smem_desc_sw128(smem.tokens(ring.stage) + warpgroup * 64 * Config::kRowBytes);
+    const float* act_scales = smem.act_scales(ring.stage) + scale_row;
+    const float act_scale[2] = {act_scales[0], act_scales[8]};
+#pragma unroll
+    for (uint32_t h = 0; h < 2; ++h) {
+      const uint64_t desc_weights = ptx::smem_desc_sw128(smem.weights(ring.stage) + h * kHalfBytes);
+      issue_k_block<Config, Mma>(desc_tokens, desc_weights, partial, false);
+      ptx::wgmma_wait<0>();
+      ptx::fence_registers(partial);
+      // The scales are in registers: the producer may refill the stage while the last half is promoted.
+      if (h == 1) release_stage(smem, ring, lane);
+      // Register i holds column 8 (i / 4) + ...: the first 32 lie in weight block 2h, the rest in 2h + 1;
+      // registers with i % 4 >= 2 hold the token 8 rows further down.
+      const float scale[2][2] = {{act_scale[0] * row_scales[2 * h], act_scale[1] * row_scales[2 * h]},
+                                 {act_scale[0] * row_scales[2 * h + 1], act_scale[1] * row_scales[2 * h + 1]}};
+#pragma unroll
+      for (uint32_t i = 0; i < Config::kAccRegs; ++i) acc[h][i] += partial[i] * scale[i / 32][(i % 4) / 2];
+    }
+  }
+}
+
+// tokens_on_m, unscaled recipes: one n256 wgmma per K slice (an n256 accumulator's registers 0..63
+// are columns 0..127, so it is acc[0] followed by acc[1]; one instruction reads the token rows once
+// instead of twice). wgmma accumulates across all of K, and K block kb's wgmmas stay in flight while
+// kb + 1's are issued; kb's stage is released once they complete.
+template <class Config>
+__device__ void consume_tokens_on_m_unscaled(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
+                                             const MainloopArgs& args, uint32_t warpgroup, uint32_t lane,
+                                             float (&acc)[2][Config::kAccRegs]) {
+  using Mma = typename Config::Policy::template Mma<2 * 128>;
+  float(&tile_acc)[2 * Config::kAccRegs] = reinterpret_cast<float(&)[2 * Config::kAccRegs]>(acc);
+  uint32_t held_stage = 0;
+  for (uint32_t kb = 0; kb < args.k_blocks; ++kb) {
+    wait_barrier(smem.full(ring.stage), ring.phase, args.watch, ring.stage);
+    const uint32_t stage = ring.stage;
+    ring.advance();
+    const uint64_t desc_tokens = ptx::smem_desc_sw128(smem.tokens(stage) + warpgroup * 64 * Config::kRowBytes);
+    issue_k_block<Config, Mma>(desc_tokens, ptx::smem_desc_sw128(smem.weights(stage)), tile_acc, kb > 0);
+    if (kb > 0) {
+      ptx::wgmma_wait<1>();  // K block kb - 1's group
+      release_stage_at(smem, held_stage, lane);
+    }
+    held_stage = stage;
+  }
+  ptx::wgmma_wait<0>();
+  ptx::fence_registers(tile_acc);
+  release_stage_at(smem, held_stage, lane);
+}
+
 // tokens_on_m: acc[h] is this warpgroup's 64 tokens x weight rows [128h, 128h + 128) of the tile.
 // Thread (warp, lane) holds tokens 64w + 16 warp + lane / 4 (+ 8 for registers with i % 4 >= 2).
 template <class Config>
 __device__ void consume_tokens_on_m(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
                                     const Tile& tile, const MainloopArgs& args, uint32_t warpgroup, uint32_t warp,
                                     uint32_t lane, float (&acc)[2][Config::kAccRegs]) {
-  using Policy = typename Config::Policy;
-  using Mma = typename Policy::template Mma<128>;
-  constexpr uint32_t kHalfBytes = 128 * Config::kRowBytes;
-
-  const uint32_t first_row_block = (tile.group * args.n_out + tile.m_tile * Config::kBlockM) / 64;
-  const uint32_t group_row_blocks_end = (tile.group + 1) * args.n_out / 64;
-  const uint32_t token = 64 * warpgroup + 16 * warp + lane / 4;
   // A last partial tile may leave this warpgroup's 64 tokens empty: it skips the wgmmas, so the tile
   // costs the other warpgroup's half of the tensor-core time.
   if (64 * warpgroup >= tile.rows) {
@@ -180,46 +249,10 @@ __device__ void consume_tokens_on_m(const SharedStorage<Config>& smem, RingPosit
     }
     return;
   }
-
-  for (uint32_t kb = 0; kb < args.k_blocks; ++kb) {
-    float row_scales[4];  // the four 64-row weight blocks of the tile; loaded before the wait
-    if constexpr (Policy::kScaled) {
-#pragma unroll
-      for (uint32_t b = 0; b < 4; ++b) row_scales[b] = weight_scale(args, first_row_block + b, group_row_blocks_end, kb);
-    }
-    wait_barrier(smem.full(ring.stage), ring.phase, args.watch, ring.stage);
-    const uint64_t desc_tokens = ptx::smem_desc_sw128(smem.tokens(ring.stage) + warpgroup * 64 * Config::kRowBytes);
-    if constexpr (Policy::kScaled) {
-      const float* act_scales =
-          smem.act_scales(ring.stage) + (tile.row_begin & (Config::kScaleAlignRows - 1)) + token;
-      const float act_scale[2] = {act_scales[0], act_scales[8]};
-      float partial[Config::kAccRegs];
-#pragma unroll
-      for (uint32_t h = 0; h < 2; ++h) {
-        const uint64_t desc_weights = ptx::smem_desc_sw128(smem.weights(ring.stage) + h * kHalfBytes);
-        issue_k_block<Config, Mma>(desc_tokens, desc_weights, partial, false);
-        ptx::wgmma_wait<0>();
-        ptx::fence_registers(partial);
-        // The scales are in registers: the producer may refill the stage while the last half is promoted.
-        if (h == 1) release_stage(smem, ring, lane);
-        // Register i holds column 8 (i / 4) + ...: the first 32 lie in weight block 2h, the rest in 2h + 1.
-        const float scale[2][2] = {{act_scale[0] * row_scales[2 * h], act_scale[1] * row_scales[2 * h]},
-                                   {act_scale[0] * row_scales[2 * h + 1], act_scale[1] * row_scales[2 * h + 1]}};
-#pragma unroll
-        for (uint32_t i = 0; i < Config::kAccRegs; ++i) acc[h][i] += partial[i] * scale[i / 32][(i % 4) / 2];
-      }
-    } else {
-#pragma unroll
-      for (uint32_t h = 0; h < 2; ++h) {
-        const uint64_t desc_weights = ptx::smem_desc_sw128(smem.weights(ring.stage) + h * kHalfBytes);
-        issue_k_block<Config, Mma>(desc_tokens, desc_weights, acc[h], kb > 0);
-      }
-      ptx::wgmma_wait<0>();
-      ptx::fence_registers(acc[0]);
-      ptx::fence_registers(acc[1]);
-      release_stage(smem, ring, lane);
-    }
-  }
+  if constexpr (Config::Policy::kScaled)
+    consume_tokens_on_m_scaled<Config>(smem, ring, tile, args, warpgroup, warp, lane, acc);
+  else
+    consume_tokens_on_m_unscaled<Config>(smem, ring, args, warpgroup, lane, acc);
 }
 
 // Accumulates one tile into acc (FP32), in the layout of the config.
