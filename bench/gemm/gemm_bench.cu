@@ -1,7 +1,8 @@
 // Grouped GEMM benchmark at DeepSeek-V3 expert shapes (L1: N 4096 x K 7168 with the SwiGLU epilogue;
 // L2: N 7168 x K 2048 with the store epilogue), against ceilings measured in the same run: dense
-// cuBLASLt FP8/BF16 TFLOP/s and the HBM copy rate (for weight bytes read per second).
-//   megamoe_gemm_bench [--out FILE.json] [--recipes fp8,bf16] [--experts 32,128] [--tokens 1,4,...]
+// cuBLASLt FP8/BF16 TFLOP/s and the HBM copy rate (for weight bytes read per second). fp8_fp4 is
+// compared with dense FP8 (its wgmmas are FP8 ones) and counts its packed weight bytes.
+//   megamoe_gemm_bench [--out FILE.json] [--recipes fp8,fp8_fp4,bf16] [--experts 32,128] [--tokens 1,4,...]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -74,7 +75,7 @@ int main(int argc, char** argv) {
   using namespace megamoe;
   using namespace megamoe::bench;
   std::string out = "gemm-bench.json";
-  std::vector<std::string> recipes = {"fp8", "bf16"};
+  std::vector<std::string> recipes = {"fp8", "fp8_fp4", "bf16"};
   std::vector<uint32_t> expert_counts = {32, 128};
   std::vector<uint32_t> token_counts = {1, 4, 16, 64, 256, 1024, 4096};
   for (int i = 1; i < argc; ++i) {
@@ -89,7 +90,7 @@ int main(int argc, char** argv) {
       std::string item;
       while (std::getline(stream, item, ',')) recipes.push_back(item);
     } else {
-      std::fprintf(stderr, "usage: %s [--out FILE] [--recipes fp8,bf16] [--experts 32,128] [--tokens 1,4,...]\n",
+      std::fprintf(stderr, "usage: %s [--out FILE] [--recipes fp8,fp8_fp4,bf16] [--experts 32,128] [--tokens 1,4,...]\n",
                    argv[0]);
       return 2;
     }
@@ -116,17 +117,22 @@ int main(int argc, char** argv) {
 
     for (const std::string& recipe_name : recipes) {
       Recipe recipe;
-      require(parse_recipe(recipe_name, recipe) && recipe != Recipe::fp8_fp4, "--recipes", "takes fp8 and bf16");
-      const bool scaled = recipe == Recipe::fp8;
-      const uint32_t element_bytes = scaled ? 1 : 2;
+      require(parse_recipe(recipe_name, recipe), "--recipes", "takes fp8, fp8_fp4 and bf16");
+      const bool scaled = recipe != Recipe::bf16;
+      const bool packed = recipe == Recipe::fp8_fp4;
+      const uint32_t element_bytes = scaled ? 1 : 2;  // activations, and fp8 or bf16 weights
+      const double weight_element_bytes = packed ? 0.5 : element_bytes;
       const double dense = report.ceilings[scaled ? "fp8_dense_tflops" : "bf16_dense_tflops"];
       for (const StageShape stage : {StageShape{"l1", 2 * kIntermediate, kHidden}, StageShape{"l2", kHidden, kIntermediate}}) {
         const uint64_t weight_elements = uint64_t{max_experts} * stage.n_out * stage.k;
-        uint8_t* weights = device_alloc<uint8_t>(weight_elements * element_bytes);
+        const uint64_t weight_storage = packed ? weight_elements / 2 : weight_elements * element_bytes;
+        uint8_t* weights = device_alloc<uint8_t>(weight_storage);
+        uint8_t* weight_shifts = packed ? device_alloc<uint8_t>(weight_elements / 32) : nullptr;
+        if (packed) cuda_ok(cudaMemset(weight_shifts, 1, weight_elements / 32), "cudaMemset");
         float* weight_scales = device_alloc<float>(uint64_t{max_experts} * (stage.n_out / 64) * (stage.k / 128));
         uint8_t* acts = device_alloc<uint8_t>(max_rows * stage.k * element_bytes);
         float* act_scales = device_alloc<float>(max_rows * (stage.k / 128));
-        fill_random(weights, weight_elements, !scaled, 0.05f, 7, stream);
+        fill_random(weights, packed ? weight_storage : weight_elements, !scaled, 0.05f, 7, stream);
         fill_random(acts, max_rows * stage.k, !scaled, 0.05f, 11, stream);
         fill_value<<<1024, 256, 0, stream>>>(weight_scales, uint64_t{max_experts} * (stage.n_out / 64) * (stage.k / 128),
                                              1.0f / 4096.0f);
@@ -164,6 +170,7 @@ int main(int argc, char** argv) {
               operands.k = stage.k;
               operands.weights = weights;
               operands.weight_scales = scaled ? weight_scales : nullptr;
+              operands.weight_shifts = weight_shifts;
               operands.acts = acts;
               operands.act_scales = scaled ? act_scales : nullptr;
               operands.act_rows = static_cast<uint32_t>(max_rows);
@@ -193,8 +200,9 @@ int main(int argc, char** argv) {
               cuda_ok(cudaMemcpy(&recorded, &control->error, sizeof(recorded), cudaMemcpyDeviceToHost), "error record");
               require(recorded.code == kDeviceOk, "grouped GEMM", "recorded a device error during the benchmark");
               const double flops = 2.0 * total_rows * stage.n_out * stage.k;
-              const double weight_bytes = double(active) * stage.n_out * stage.k * element_bytes +
-                                          (scaled ? active * (stage.n_out / 64.0) * (stage.k / 128) * 4 : 0);
+              const double weight_bytes = double(active) * stage.n_out * stage.k * weight_element_bytes +
+                                          (scaled ? active * (stage.n_out / 64.0) * (stage.k / 128) * 4 : 0) +
+                                          (packed ? active * stage.n_out * (stage.k / 32.0) : 0);
               const double tflops = flops / (us * 1e-6) / 1e12;
               const double weight_gbps = weight_bytes / (us * 1e-6) / 1e9;
               report.rows.push_back({{"recipe", recipe_name},
@@ -219,7 +227,7 @@ int main(int argc, char** argv) {
                               static_cast<void*>(act_scales), static_cast<void*>(row_weights),
                               static_cast<void*>(l1_out), static_cast<void*>(l1_out_scales),
                               static_cast<void*>(combine), static_cast<void*>(d_sources), static_cast<void*>(control),
-                              static_cast<void*>(prefix)})
+                              static_cast<void*>(prefix), static_cast<void*>(weight_shifts)})
           if (pointer) cudaFree(pointer);
       }
     }

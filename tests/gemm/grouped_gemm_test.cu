@@ -1,5 +1,5 @@
 // The grouped GEMM engine against a CPU reference with the same quantization, on fresh random
-// inputs: both epilogues, both recipes, 1..128 groups, uneven, empty and single-row groups, row
+// inputs: both epilogues, all three recipes, 1..128 groups, uneven, empty and single-row groups, row
 // counts that are not multiples of the token tile, a grid smaller than the tile count. Outputs are
 // poisoned first; every element that should be written is checked and every other one must still
 // hold the poison.
@@ -15,6 +15,7 @@
 
 #include "device_buffer.h"
 #include "gpu_test_util.h"
+#include "kernels/gemm/fp4_scales.h"
 #include "kernels/gemm/gemm.h"
 #include "megamoe/formats.h"
 #include "megamoe/layout.h"
@@ -88,6 +89,62 @@ std::vector<float> random_scales(size_t count, float base, std::mt19937_64& rng)
   return scales;
 }
 
+// A case's weight operand in the recipe's device format, and its values for the reference.
+struct CaseWeights {
+  std::vector<float> values;        // [groups][n_out][k], dequantized except for `block_scales`
+  std::vector<float> block_scales;  // fp8: [groups][n_out / 64][k / 128], applied per K block; else empty
+  DeviceBuffer<uint8_t> bytes;      // E4M3 codes, packed E2M1 pairs or BF16
+  DeviceBuffer<float> device_scales;  // the kernel's weight_scales (fp8: block_scales; fp8_fp4: derived)
+  DeviceBuffer<uint8_t> shifts;       // fp8_fp4: derived from the UE8M0 scales
+  uint32_t n_out = 0, k_blocks = 0;
+
+  double factor(uint32_t group, uint32_t row, uint32_t kb) const {
+    return block_scales.empty() ? 1.0 : block_scales[(size_t{group} * (n_out / 64) + row / 64) * k_blocks + kb];
+  }
+  const float* scales_pointer() const { return device_scales.size() > 0 ? device_scales.get() : nullptr; }
+};
+
+// MXFP4 weights: random E2M1 codes, UE8M0 scales near 2^-7 that differ by up to 4x within a
+// 64-row x 128-K block, and a few groups far below their block's largest scale (shifts 9..11), which
+// the kernel rounds into E4M3's subnormals.
+CaseWeights random_weights(Recipe recipe, uint32_t groups, uint32_t n_out, uint32_t k, std::mt19937_64& rng) {
+  CaseWeights w;
+  w.n_out = n_out;
+  w.k_blocks = k / 128;
+  const size_t count = size_t{groups} * n_out * k;
+  if (recipe != Recipe::fp8_fp4) {
+    Operand op = random_operand(recipe, count, std::sqrt(3.0f / k), rng);
+    w.values = std::move(op.values);
+    w.bytes = DeviceBuffer<uint8_t>(op.bytes);
+    if (recipe == Recipe::fp8) {
+      w.block_scales = random_scales(size_t{groups} * (n_out / 64) * w.k_blocks, std::sqrt(3.0f / k) / 448.0f, rng);
+      w.device_scales = DeviceBuffer<float>(w.block_scales);
+    }
+    return w;
+  }
+  const uint32_t rows = groups * n_out;
+  std::uniform_int_distribution<uint32_t> code(0, 15), near(118, 120), far(109, 111);
+  std::bernoulli_distribution outlier(0.02);
+  std::vector<uint8_t> mx(size_t{rows} * (k / 32));
+  for (uint8_t& s : mx) s = static_cast<uint8_t>(outlier(rng) ? far(rng) : near(rng));
+  std::vector<uint8_t> packed(count / 2);
+  w.values.resize(count);
+  for (size_t i = 0; i < count; i += 2) {
+    const uint8_t low = static_cast<uint8_t>(code(rng)), high = static_cast<uint8_t>(code(rng));
+    packed[i / 2] = static_cast<uint8_t>(low | (high << 4));
+    const float scale = ue8m0_to_float(mx[i / 32]);  // row-major: element i's group is i / 32
+    w.values[i] = e2m1_to_float(low) * scale;
+    w.values[i + 1] = e2m1_to_float(high) * scale;
+  }
+  w.bytes = DeviceBuffer<uint8_t>(packed);
+  DeviceBuffer<uint8_t> d_mx(mx);
+  w.device_scales = DeviceBuffer<float>(size_t{rows / 64} * w.k_blocks);
+  w.shifts = DeviceBuffer<uint8_t>(size_t{rows} * (k / 32));
+  gemm::derive_fp4_weight_scales(d_mx.get(), rows, k, w.device_scales.get(), w.shifts.get(), nullptr);
+  testing::cuda_check(cudaDeviceSynchronize(), "derive_fp4_weight_scales");
+  return w;
+}
+
 double normalized_error(const std::vector<double>& got, const std::vector<double>& want) {
   double diff = 0, norm = 0;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -120,15 +177,16 @@ int multiprocessors() {
 }
 
 gemm::GemmOperands case_operands(const Case& c, uint32_t num_groups, uint32_t n_out, uint32_t k, uint32_t rows,
-                                 const void* weights, const float* weight_scales, const void* acts,
-                                 const float* act_scales, const uint32_t* prefix, ControlBlock* control) {
+                                 const CaseWeights& weights, const void* acts, const float* act_scales,
+                                 const uint32_t* prefix, ControlBlock* control) {
   gemm::GemmOperands operands;
   operands.recipe = c.recipe;
   operands.num_groups = num_groups;
   operands.n_out = n_out;
   operands.k = k;
-  operands.weights = weights;
-  operands.weight_scales = weight_scales;
+  operands.weights = weights.bytes.get();
+  operands.weight_scales = weights.scales_pointer();
+  operands.weight_shifts = weights.shifts.get();
   operands.acts = acts;
   operands.act_scales = act_scales;
   operands.act_rows = rows;
@@ -144,25 +202,21 @@ gemm::GemmOperands case_operands(const Case& c, uint32_t num_groups, uint32_t n_
 void run_swiglu_case(const Case& c) {
   SCOPED_TRACE(describe(c));
   auto rng = fresh_rng();
-  const bool scaled = c.recipe == Recipe::fp8;
+  const bool scaled = c.recipe != Recipe::bf16;  // E4M3 activations with 1x128 scales
   const uint32_t num_groups = static_cast<uint32_t>(c.rows_per_group.size());
   const uint32_t n_out = 2 * c.intermediate, k = c.hidden, k_blocks = k / 128;
   const Groups groups = make_groups(c.rows_per_group);
   const uint32_t rows = groups.capacity;
 
-  const Operand weights = random_operand(c.recipe, size_t{num_groups} * n_out * k, std::sqrt(3.0f / k), rng);
-  const std::vector<float> weight_scales =
-      scaled ? random_scales(size_t{num_groups} * (n_out / 64) * k_blocks, std::sqrt(3.0f / k) / 448.0f, rng)
-             : std::vector<float>{};
-  const Operand acts = random_operand(c.recipe, size_t{rows} * k, 1.0f, rng);
+  const CaseWeights weights = random_weights(c.recipe, num_groups, n_out, k, rng);
+  const Operand acts = random_operand(scaled ? Recipe::fp8 : Recipe::bf16, size_t{rows} * k, 1.0f, rng);
   const std::vector<float> act_scales = scaled ? random_scales(size_t{k_blocks} * rows, 1.0f / 448.0f, rng)
                                                : std::vector<float>{};
   std::vector<float> row_weights(rows);
   std::uniform_real_distribution<float> weight_dist(0.05f, 1.0f);
   for (float& w : row_weights) w = weight_dist(rng);
 
-  DeviceBuffer<uint8_t> d_weights(weights.bytes), d_acts(acts.bytes);
-  DeviceBuffer<float> d_weight_scales(scaled ? weight_scales : std::vector<float>{0.0f});
+  DeviceBuffer<uint8_t> d_acts(acts.bytes);
   DeviceBuffer<float> d_act_scales(scaled ? act_scales : std::vector<float>{0.0f});
   DeviceBuffer<float> d_row_weights(row_weights);
   DeviceBuffer<uint32_t> d_prefix(groups.prefix);
@@ -175,8 +229,8 @@ void run_swiglu_case(const Case& c) {
   DeviceBuffer<ControlBlock> d_control(1);
   d_control.fill_bytes(0);
   const gemm::GemmOperands operands =
-      case_operands(c, num_groups, n_out, k, rows, d_weights.get(), scaled ? d_weight_scales.get() : nullptr,
-                    d_acts.get(), scaled ? d_act_scales.get() : nullptr, d_prefix.get(), d_control.get());
+      case_operands(c, num_groups, n_out, k, rows, weights, d_acts.get(), scaled ? d_act_scales.get() : nullptr,
+                    d_prefix.get(), d_control.get());
   gemm::SwigluOutput output{d_out.get(), scaled ? d_out_scales.get() : nullptr, d_row_weights.get(), rows};
   gemm::grouped_gemm_swiglu(operands, output, c.grid > 0 ? c.grid : multiprocessors(), nullptr);
   MEGAMOE_CUDA_OK(cudaDeviceSynchronize());
@@ -206,8 +260,8 @@ void run_swiglu_case(const Case& c) {
           }
           if (scaled) {
             const double sx = act_scales[size_t{kb} * rows + row];
-            gate_block *= sx * weight_scales[(size_t{g} * (n_out / 64) + gate_row / 64) * k_blocks + kb];
-            up_block *= sx * weight_scales[(size_t{g} * (n_out / 64) + up_row / 64) * k_blocks + kb];
+            gate_block *= sx * weights.factor(g, gate_row, kb);
+            up_block *= sx * weights.factor(g, up_row, kb);
           }
           gate += gate_block;
           up += up_block;
@@ -266,7 +320,7 @@ void run_swiglu_case(const Case& c) {
 void run_store_case(const Case& c) {
   SCOPED_TRACE(describe(c));
   auto rng = fresh_rng();
-  const bool scaled = c.recipe == Recipe::fp8;
+  const bool scaled = c.recipe != Recipe::bf16;
   const uint32_t num_groups = static_cast<uint32_t>(c.rows_per_group.size());
   const uint32_t n_out = c.hidden, k = c.intermediate, k_blocks = k / 128;
   const Groups groups = make_groups(c.rows_per_group);
@@ -274,11 +328,8 @@ void run_store_case(const Case& c) {
   constexpr uint32_t kTopK = 4;
   constexpr int32_t kRanks = 2;
 
-  const Operand weights = random_operand(c.recipe, size_t{num_groups} * n_out * k, std::sqrt(3.0f / k), rng);
-  const std::vector<float> weight_scales =
-      scaled ? random_scales(size_t{num_groups} * (n_out / 64) * k_blocks, std::sqrt(3.0f / k) / 448.0f, rng)
-             : std::vector<float>{};
-  const Operand acts = random_operand(c.recipe, size_t{rows} * k, 1.0f, rng);
+  const CaseWeights weights = random_weights(c.recipe, num_groups, n_out, k, rng);
+  const Operand acts = random_operand(scaled ? Recipe::fp8 : Recipe::bf16, size_t{rows} * k, 1.0f, rng);
   const std::vector<float> act_scales = scaled ? random_scales(size_t{k_blocks} * rows, 1.0f / 448.0f, rng)
                                                : std::vector<float>{};
 
@@ -291,8 +342,7 @@ void run_store_case(const Case& c) {
   std::vector<PoolSource> sources(rows, PoolSource{0, 0});
   for (uint32_t row = 0; row < groups.total; ++row) sources[row] = all_slots[row];
 
-  DeviceBuffer<uint8_t> d_weights(weights.bytes), d_acts(acts.bytes);
-  DeviceBuffer<float> d_weight_scales(scaled ? weight_scales : std::vector<float>{0.0f});
+  DeviceBuffer<uint8_t> d_acts(acts.bytes);
   DeviceBuffer<float> d_act_scales(scaled ? act_scales : std::vector<float>{0.0f});
   DeviceBuffer<uint32_t> d_prefix(groups.prefix);
   DeviceBuffer<PoolSource> d_sources(sources);
@@ -311,8 +361,8 @@ void run_store_case(const Case& c) {
   DeviceBuffer<ControlBlock> d_control(1);
   d_control.fill_bytes(0);
   const gemm::GemmOperands operands =
-      case_operands(c, num_groups, n_out, k, rows, d_weights.get(), scaled ? d_weight_scales.get() : nullptr,
-                    d_acts.get(), scaled ? d_act_scales.get() : nullptr, d_prefix.get(), d_control.get());
+      case_operands(c, num_groups, n_out, k, rows, weights, d_acts.get(), scaled ? d_act_scales.get() : nullptr,
+                    d_prefix.get(), d_control.get());
   const gemm::RoutedDestination destination{view, 0, d_sources.get(), kTopK, n_out};
   gemm::grouped_gemm_store(operands, destination, c.grid > 0 ? c.grid : multiprocessors(), nullptr);
   MEGAMOE_CUDA_OK(cudaDeviceSynchronize());
@@ -337,9 +387,7 @@ void run_store_case(const Case& c) {
             block += double{acts.values[size_t{row} * k + col]} *
                      weights.values[(size_t{g} * n_out + feature) * k + col];
           }
-          if (scaled)
-            block *= act_scales[size_t{kb} * rows + row] *
-                     weight_scales[(size_t{g} * (n_out / 64) + feature / 64) * k_blocks + kb];
+          if (scaled) block *= act_scales[size_t{kb} * rows + row] * weights.factor(g, feature, kb);
           sum += block;
         }
         got.push_back(bf16_to_float(result[feature]));
@@ -399,7 +447,7 @@ MEGAMOE_GEMM_CASE(TokensOnMManyUnevenGroups,
                   std::vector<Case>{{GetParam(), random_rows(32, 300, 0.2, rng), 256, 256, 150, 0}})
 MEGAMOE_GEMM_CASE(AllGroupsEmpty, std::vector<Case>{{GetParam(), {0, 0, 0}, 256, 128, 1, 0}})
 
-INSTANTIATE_TEST_SUITE_P(Recipes, GroupedGemm, ::testing::Values(Recipe::fp8, Recipe::bf16),
+INSTANTIATE_TEST_SUITE_P(Recipes, GroupedGemm, ::testing::Values(Recipe::fp8, Recipe::fp8_fp4, Recipe::bf16),
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
 }  // namespace

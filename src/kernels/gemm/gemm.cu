@@ -53,9 +53,10 @@ void validate_operands(const GemmOperands& operands, uint32_t element_bytes, boo
           operands.act_rows);
   require(uint64_t{operands.k} * element_bytes % 16 == 0, "k", "rows must be a multiple of 16 bytes");
   if (scaled) {
-    require(operands.weight_scales != nullptr, "weight_scales", "are required by the fp8 recipe");
+    require(operands.weight_scales != nullptr, "weight_scales", "are required by the ", to_string(operands.recipe),
+            " recipe");
     require(operands.act_scales != nullptr && reinterpret_cast<uintptr_t>(operands.act_scales) % 16 == 0,
-            "act_scales", "must be a 16-byte aligned device pointer for the fp8 recipe");
+            "act_scales", "must be a 16-byte aligned device pointer for the ", to_string(operands.recipe), " recipe");
   }
   require(operands.timeout_ns > 0, "timeout_ns", "must be positive");
 }
@@ -83,26 +84,29 @@ void validate_jobs(std::span<const GemmOperands* const> operands, uint32_t eleme
   }
 }
 
-namespace {
-
-void check_recipe(Recipe recipe) {
-  require(recipe != Recipe::fp8_fp4, "recipe", "fp8_fp4 has no GPU kernel yet (CPU reference only)");
+void validate_packed_weights(const GemmOperands& operands) {
+  require(operands.weight_shifts != nullptr && reinterpret_cast<uintptr_t>(operands.weight_shifts) % 16 == 0,
+          "weight_shifts", "must be a 16-byte aligned device pointer for the fp8_fp4 recipe");
+  require(uint64_t{operands.num_groups} * operands.n_out <= UINT32_MAX / 4, "num_groups * n_out",
+          "weight rows must stay below 2^30 for the fp8_fp4 recipe");
 }
-
-}  // namespace
 
 void grouped_gemm_swiglu(std::span<const SwigluJob> jobs, int grid, cudaStream_t stream) {
   require(!jobs.empty(), "jobs", "must not be empty");
-  check_recipe(jobs[0].operands.recipe);
-  if (jobs[0].operands.recipe == Recipe::fp8) detail::fp8_swiglu(jobs, grid, stream);
-  else detail::bf16_swiglu(jobs, grid, stream);
+  switch (jobs[0].operands.recipe) {
+    case Recipe::fp8: return detail::fp8_swiglu(jobs, grid, stream);
+    case Recipe::fp8_fp4: return detail::fp8_fp4_swiglu(jobs, grid, stream);
+    case Recipe::bf16: return detail::bf16_swiglu(jobs, grid, stream);
+  }
 }
 
 void grouped_gemm_store(std::span<const StoreJob> jobs, int grid, cudaStream_t stream) {
   require(!jobs.empty(), "jobs", "must not be empty");
-  check_recipe(jobs[0].operands.recipe);
-  if (jobs[0].operands.recipe == Recipe::fp8) detail::fp8_store(jobs, grid, stream);
-  else detail::bf16_store(jobs, grid, stream);
+  switch (jobs[0].operands.recipe) {
+    case Recipe::fp8: return detail::fp8_store(jobs, grid, stream);
+    case Recipe::fp8_fp4: return detail::fp8_fp4_store(jobs, grid, stream);
+    case Recipe::bf16: return detail::bf16_store(jobs, grid, stream);
+  }
 }
 
 void grouped_gemm_swiglu(const GemmOperands& operands, const SwigluOutput& output, int grid, cudaStream_t stream) {

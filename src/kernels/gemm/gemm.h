@@ -22,8 +22,9 @@ struct GemmOperands {
   uint32_t num_groups = 0;  // groups the weight tensor holds (TMA bounds)
   uint32_t n_out = 0;       // weight rows per group: 2 * intermediate for L1, hidden for L2
   uint32_t k = 0;           // hidden for L1, intermediate for L2
-  const void* weights = nullptr;
-  const float* weight_scales = nullptr;  // fp8: [groups][n_out / 64][k / 128]
+  const void* weights = nullptr;         // fp8_fp4: packed E2M1 pairs, [groups][n_out][k / 2] bytes
+  const float* weight_scales = nullptr;  // fp8: [groups][n_out / 64][k / 128]; fp8_fp4: derived (fp4_scales.h)
+  const uint8_t* weight_shifts = nullptr;  // fp8_fp4: [k / 128][groups * n_out][4] (fp4_scales.h)
   const void* acts = nullptr;            // [act_rows][k]
   const float* act_scales = nullptr;     // fp8: [k / 128][act_rows]
   uint32_t act_rows = 0;                 // a multiple of 4

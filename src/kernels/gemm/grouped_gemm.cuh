@@ -1,6 +1,7 @@
 // The persistent, warp-specialized grouped GEMM kernel: scheduler + mainloop + one epilogue.
-// Warpgroup 0 produces (one elected thread issues TMA) with few registers; warpgroups 1 and 2 run
-// wgmma and the epilogue with many (setmaxnreg).
+// Warpgroup 0 produces (one elected thread issues TMA; with packed fp8_fp4 weights its other three
+// warps expand them) with few registers; warpgroups 1 and 2 run wgmma and the epilogue with many
+// (setmaxnreg).
 #pragma once
 
 #include <cuda.h>
@@ -12,8 +13,11 @@
 
 namespace megamoe::gemm {
 
-inline constexpr uint32_t kProducerRegisters = 40;
-inline constexpr uint32_t kMathRegisters = 232;
+// The register file (64K) split by setmaxnreg: 128 x 40 for the producer warpgroup, 256 x 232 for
+// the math ones; with a converter warpgroup (128 x 40 too), 256 x 216.
+inline constexpr int kProducerRegisters = 40;
+template <class Config>
+inline constexpr int kMathRegisters = Config::kConverterWarpgroups > 0 ? 216 : 232;
 
 template <class Config, class Epilogue>
 __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmJobs<Epilogue> jobs) {
@@ -30,10 +34,18 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
   const bool two_jobs = jobs.num_jobs > 1;
   scheduler.build(first.groups, first.m_tiles, two_jobs ? jobs.job[1].args.groups : GroupRows{nullptr, 1, 0},
                   two_jobs ? jobs.job[1].args.m_tiles : 0, smem.scheduler(), thread, Config::kThreads);
+  if constexpr (Config::kPacked) {
+    if (thread <= kMaxE2M1Shift) {
+      const E2M1Table table = e2m1_table(thread);
+      smem.e2m1_tables()[thread] = make_uint2(table.low, table.high);
+    }
+  }
   if (thread == 0) {
+    const uint32_t full_arrivals = Config::kFullArrivals;  // by value: the wrapper takes a reference
     for (uint32_t stage = 0; stage < Config::kStages; ++stage) {
-      cuda::ptx::mbarrier_init(smem.full(stage), 1);
+      cuda::ptx::mbarrier_init(smem.full(stage), full_arrivals);
       cuda::ptx::mbarrier_init(smem.empty(stage), Config::kMathWarpgroups * 4);
+      if constexpr (Config::kPacked) cuda::ptx::mbarrier_init(smem.raw_full(stage), 1);
     }
     // Make the initialized barriers visible to the async (TMA) proxy.
     cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
@@ -42,11 +54,22 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_decrease<kProducerRegisters>();
-    if (warp == 0 && lane == 0) produce<Config>(smem, scheduler, jobs);
+    if (warp == 0) {
+      if (lane == 0) produce<Config>(smem, scheduler, jobs);
+    } else if constexpr (Config::kConverterWarps > 0) {
+      convert_weights<Config>(smem, scheduler, jobs, thread - 32, lane);
+    }
     return;
   }
+  if constexpr (Config::kConverterWarpgroups > 0) {
+    if (warpgroup == 1 + Config::kMathWarpgroups) {
+      ptx::setmaxnreg_decrease<kProducerRegisters>();
+      convert_weights<Config>(smem, scheduler, jobs, 96 + thread % 128, lane);
+      return;
+    }
+  }
 
-  ptx::setmaxnreg_increase<kMathRegisters>();
+  ptx::setmaxnreg_increase<kMathRegisters<Config>>();
   const uint32_t math_warpgroup = warpgroup - 1;
   const uint32_t math_thread = thread - 128;
   RingPosition<Config::kStages> ring;

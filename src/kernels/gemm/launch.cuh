@@ -30,10 +30,17 @@ template <class Config, class Epilogue>
 GemmJob<Epilogue> make_job(const GemmOperands& operands, const Epilogue& epilogue) {
   using Policy = typename Config::Policy;
   GemmJob<Epilogue> job{};
-  job.weights_map = make_tensor_map_2d(operands.weights, operand_type<Policy>(), operands.k,
-                                       uint64_t{operands.num_groups} * operands.n_out,
-                                       uint64_t{operands.k} * Policy::kElementBytes, Config::kBlockK, Config::kBlockM,
-                                       CU_TENSOR_MAP_SWIZZLE_128B, "weights");
+  const uint64_t weight_rows = uint64_t{operands.num_groups} * operands.n_out;
+  if constexpr (Config::kPacked) {
+    // E2M1 pairs: 64 bytes hold a K block of a row; the converters read them unswizzled.
+    job.weights_map = make_tensor_map_2d(operands.weights, CU_TENSOR_MAP_DATA_TYPE_UINT8, operands.k / 2, weight_rows,
+                                         operands.k / 2, Config::kBlockK / 2, Config::kBlockM,
+                                         CU_TENSOR_MAP_SWIZZLE_NONE, "weights");
+  } else {
+    job.weights_map = make_tensor_map_2d(operands.weights, operand_type<Policy>(), operands.k, weight_rows,
+                                         uint64_t{operands.k} * Policy::kElementBytes, Config::kBlockK,
+                                         Config::kBlockM, CU_TENSOR_MAP_SWIZZLE_128B, "weights");
+  }
   job.acts_map = make_tensor_map_2d(operands.acts, operand_type<Policy>(), operands.k, operands.act_rows,
                                     uint64_t{operands.k} * Policy::kElementBytes, Config::kBlockK, Config::kBlockN,
                                     CU_TENSOR_MAP_SWIZZLE_128B, "acts");
@@ -49,6 +56,8 @@ GemmJob<Epilogue> make_job(const GemmOperands& operands, const Epilogue& epilogu
   args.m_tiles = (operands.n_out + Config::kBlockM - 1) / Config::kBlockM;
   args.groups = operands.groups;
   args.weight_scales = operands.weight_scales;
+  args.weight_shifts = operands.weight_shifts;
+  args.weight_rows = static_cast<uint32_t>(weight_rows);
   args.watch = PipelineWatch{operands.control, operands.rank, operands.timeout_ns};
   job.epilogue = epilogue;
   return job;
@@ -74,6 +83,7 @@ void launch_config(std::span<const Job> jobs, int grid, cudaStream_t stream) {
 }
 
 void validate_jobs(std::span<const GemmOperands* const> operands, uint32_t element_bytes, bool scaled);
+void validate_packed_weights(const GemmOperands& operands);
 
 // Launches the kernel of the tile shape the heuristic picks for the first job's expected rows.
 template <class Policy, template <class> class EpilogueFor, class Job>
@@ -83,6 +93,8 @@ void launch_policy(std::span<const Job> jobs, int grid, cudaStream_t stream) {
   const GemmOperands* operands[kMaxJobs] = {};
   for (size_t j = 0; j < jobs.size(); ++j) operands[j] = &jobs[j].operands;
   validate_jobs({operands, jobs.size()}, Policy::kElementBytes, Policy::kScaled);
+  if constexpr (Policy::kPackedWeights)
+    for (size_t j = 0; j < jobs.size(); ++j) validate_packed_weights(*operands[j]);
   require(grid >= 1, "grid", "must be at least 1, got ", grid);
   const auto launch = [&](auto config) { launch_config<decltype(config), EpilogueFor>(jobs, grid, stream); };
   const TileShape shape = choose_tile(jobs[0].operands.expected_rows_per_group);
@@ -114,9 +126,11 @@ struct StoreEpilogueFor {
 }  // namespace megamoe::gemm
 
 namespace megamoe::gemm::detail {
-// One translation unit per recipe instantiates its kernels (gemm_fp8.cu, gemm_bf16.cu).
+// One translation unit per recipe instantiates its kernels (gemm_fp8.cu, gemm_fp8_fp4.cu, gemm_bf16.cu).
 void fp8_swiglu(std::span<const SwigluJob>, int, cudaStream_t);
 void fp8_store(std::span<const StoreJob>, int, cudaStream_t);
+void fp8_fp4_swiglu(std::span<const SwigluJob>, int, cudaStream_t);
+void fp8_fp4_store(std::span<const StoreJob>, int, cudaStream_t);
 void bf16_swiglu(std::span<const SwigluJob>, int, cudaStream_t);
 void bf16_store(std::span<const StoreJob>, int, cudaStream_t);
 }  // namespace megamoe::gemm::detail

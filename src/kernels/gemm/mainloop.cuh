@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "kernels/gemm/e2m1.cuh"
 #include "kernels/gemm/pipeline.cuh"
 #include "kernels/gemm/scheduler.cuh"
 #include "kernels/ptx/wgmma.cuh"
@@ -22,6 +23,8 @@ struct MainloopArgs {
   uint32_t m_tiles;    // ceil(n_out / 256)
   GroupRows groups;
   const float* weight_scales;  // scaled recipes: [groups][n_out / 64][k / 128]
+  const uint8_t* weight_shifts;  // fp8_fp4: [k / 128][weight_rows][4] (fp4_scales.h)
+  uint32_t weight_rows;          // groups * n_out: the weight tensor's rows
   PipelineWatch watch;
 };
 
@@ -61,9 +64,25 @@ __device__ void produce(const SharedStorage<Config>& smem, const TileScheduler<C
       cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
                                            full, stage_bytes);
       const int32_t k_coord = static_cast<int32_t>(kb * Config::kBlockK);
-      const int32_t weight_coords[2] = {k_coord, weight_row};
-      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.weights(ring.stage),
-                                      &job.weights_map, weight_coords, full);
+      if constexpr (Config::kPacked) {
+        // E2M1 pairs (TMA zero-fills rows past the tensor) and the groups' shifts, for the converters.
+        uint64_t* raw_full = smem.raw_full(ring.stage);
+        const uint32_t rows_left = args.weight_rows - static_cast<uint32_t>(weight_row);
+        const uint32_t shift_bytes = (rows_left < Config::kBlockM ? rows_left : Config::kBlockM) * (Config::kBlockK / 32);
+        const uint32_t raw_bytes = Config::kRawWeightBytes + shift_bytes;
+        cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                             raw_full, raw_bytes);
+        const int32_t packed_coords[2] = {k_coord / 2, weight_row};
+        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
+                                        smem.raw_weights(ring.stage), &job.weights_map, packed_coords, raw_full);
+        cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.raw_shifts(ring.stage),
+                                 args.weight_shifts + (uint64_t{kb} * args.weight_rows + weight_row) * 4, shift_bytes,
+                                 raw_full);
+      } else {
+        const int32_t weight_coords[2] = {k_coord, weight_row};
+        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.weights(ring.stage),
+                                        &job.weights_map, weight_coords, full);
+      }
       const int32_t token_coords[2] = {k_coord, static_cast<int32_t>(tile.row_begin)};
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.tokens(ring.stage),
                                       &job.acts_map, token_coords, full);
@@ -73,6 +92,52 @@ __device__ void produce(const SharedStorage<Config>& smem, const TileScheduler<C
         cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
                                         smem.act_scales(ring.stage), &job.act_scales_map, scale_coords, full);
       }
+      ring.advance();
+    }
+  }
+}
+
+// fp8_fp4: expands group `group` (32 codes of row group / 4) of a stage's E2M1 weight tile into the
+// E4M3 tile the wgmmas read, laid out as TMA's 128-byte swizzle would have left it (16-byte chunk c
+// of row r at c ^ r % 8): 16 packed bytes in, two chunks out. Consecutive threads taking consecutive
+// groups keep both the loads and the swizzled stores free of bank conflicts.
+template <class Config>
+__device__ __forceinline__ void expand_weight_group(const SharedStorage<Config>& smem, uint32_t stage,
+                                                    uint32_t group) {
+  constexpr uint32_t kGroupsPerRow = Config::kBlockK / 32;
+  const uint32_t row = group / kGroupsPerRow, part = group % kGroupsPerRow;
+  const uint4 codes = *reinterpret_cast<const uint4*>(smem.raw_weights(stage) + group * 16);
+  // Rows past the tensor's end have no shifts (stale bytes) but zero codes, which stay zero.
+  const uint32_t shift = min(static_cast<uint32_t>(smem.raw_shifts(stage)[group]), kMaxE2M1Shift);
+  const uint2 table = smem.e2m1_tables()[shift];
+  const E2M1Table lookup{table.x, table.y};
+  uint8_t* row_bytes = smem.weights(stage) + row * Config::kRowBytes;
+  *reinterpret_cast<uint4*>(row_bytes + 16 * ((2 * part) ^ (row % 8))) =
+      make_uint4(expand_e2m1x4(codes.x & 0xFFFFu, lookup), expand_e2m1x4(codes.x >> 16, lookup),
+                 expand_e2m1x4(codes.y & 0xFFFFu, lookup), expand_e2m1x4(codes.y >> 16, lookup));
+  *reinterpret_cast<uint4*>(row_bytes + 16 * ((2 * part + 1) ^ (row % 8))) =
+      make_uint4(expand_e2m1x4(codes.z & 0xFFFFu, lookup), expand_e2m1x4(codes.z >> 16, lookup),
+                 expand_e2m1x4(codes.w & 0xFFFFu, lookup), expand_e2m1x4(codes.w >> 16, lookup));
+}
+
+// Converter warps (fp8_fp4): expand each stage's weight tile, then arrive on full[s]. The
+// expansion is generic-proxy writes that the wgmmas read through the async proxy: fence first.
+template <class Config, class Epilogue>
+__device__ void convert_weights(const SharedStorage<Config>& smem, const TileScheduler<Config::kBlockN>& scheduler,
+                                const GemmJobs<Epilogue>& jobs, uint32_t thread, uint32_t lane) {
+  constexpr uint32_t kThreads = 32 * Config::kConverterWarps;
+  constexpr uint32_t kGroups = Config::kBlockM * (Config::kBlockK / 32);
+  RingPosition<Config::kStages> ring;
+  const uint32_t num_tiles = scheduler.num_tiles();
+  for (uint32_t index = blockIdx.x; index < num_tiles; index += gridDim.x) {
+    const MainloopArgs& args = jobs.job[scheduler.tile(index).job].args;
+    for (uint32_t kb = 0; kb < args.k_blocks; ++kb) {
+      wait_barrier(smem.raw_full(ring.stage), ring.phase, args.watch, ring.stage);
+#pragma unroll 1
+      for (uint32_t group = thread; group < kGroups; group += kThreads) expand_weight_group(smem, ring.stage, group);
+      cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+      __syncwarp();
+      if (lane == 0) cuda::ptx::mbarrier_arrive(smem.full(ring.stage));
       ring.advance();
     }
   }

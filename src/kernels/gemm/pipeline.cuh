@@ -2,7 +2,9 @@
 //
 // Stage s holds a 256-row weight tile, a BLOCK_N-row token tile and, for scaled recipes, the token
 // tile's activation scales for that K block. full[s] completes when TMA has landed all three;
-// empty[s] completes when all math warps are done reading them.
+// empty[s] completes when all math warps are done reading them. With packed (fp8_fp4) weights, TMA
+// lands the E2M1 tile in a raw area (raw_full[s]) and converter warps write the E4M3 weight tile
+// before arriving on full[s].
 #pragma once
 
 #include <cuda/ptx>
@@ -36,7 +38,11 @@ struct GemmConfig {
   static constexpr uint32_t kBlockK = Policy::kBlockK;
   static constexpr uint32_t kRowBytes = 128;      // K bytes per shared-memory row (128-byte swizzle)
   static constexpr uint32_t kMathWarpgroups = 2;
-  static constexpr uint32_t kThreads = 128 * (1 + kMathWarpgroups);
+  // Packed (fp8_fp4) weights are expanded to E4M3 in shared memory by converter warps: a converter
+  // warpgroup after the math ones, and the producer warpgroup's idle warps (see kConverterWarps).
+  // (Math warpgroups expanding their own rows in decode measured slower: it serializes each stage.)
+  static constexpr uint32_t kConverterWarpgroups = Policy::kPackedWeights ? 1 : 0;
+  static constexpr uint32_t kThreads = 128 * (1 + kMathWarpgroups + kConverterWarpgroups);
   static constexpr uint32_t kMathThreads = 128 * kMathWarpgroups;
   // FP32 accumulators per thread in each of its two accumulator blocks (m64 x n kBlockN, or m64 x n128).
   static constexpr uint32_t kAccRegs = kLayout == TileLayout::weights_on_m ? kBlockN / 2 : 64;
@@ -50,7 +56,18 @@ struct GemmConfig {
   static constexpr uint32_t kScaleBoxRows = kBlockN + kScaleAlignRows;
   static constexpr uint32_t kScaleBytes = Policy::kScaled ? kScaleBoxRows * 4 : 0;
   static constexpr uint32_t kScaleStride = (kScaleBytes + 127) / 128 * 128;
-  static constexpr uint32_t kStageTxBytes = kWeightBytes + kTokenBytes + kScaleBytes;
+  // Packed (fp8_fp4) weights land in a raw area of the stage: E2M1 pairs and each group of 32's
+  // shift (e2m1.cuh), which converter warps expand into the E4M3 weight tile.
+  static constexpr bool kPacked = Policy::kPackedWeights;
+  static constexpr uint32_t kRawWeightBytes = kPacked ? kBlockM * kBlockK / 2 : 0;
+  static constexpr uint32_t kShiftBytes = kPacked ? kBlockM * (kBlockK / 32) : 0;
+  static constexpr uint32_t kRawStride = kRawWeightBytes + kShiftBytes;
+  // Expanding a stage takes about 60 instructions per group of 32 weights: seven warps share it.
+  static constexpr uint32_t kConverterWarps = kPacked ? 3 + 4 * kConverterWarpgroups : 0;
+  static constexpr uint32_t kTableBytes = kPacked ? (16 * 8) : 0;
+  // full[s] completes on TMA's bytes and the producer's arrival, plus each converter warp's.
+  static constexpr uint32_t kStageTxBytes = (kPacked ? 0 : kWeightBytes) + kTokenBytes + kScaleBytes;
+  static constexpr uint32_t kFullArrivals = 1 + kConverterWarps;
 
   // Epilogue staging: one row per token, padded by 16 bytes so the transposing stores spread over banks.
   // weights_on_m stages whole rows (128 output channels of L1, 256 features of L2). tokens_on_m
@@ -70,8 +87,8 @@ struct GemmConfig {
 
   static constexpr uint32_t kSmemLimit = 227 * 1024;
   static constexpr uint32_t kFixedBytes = 1024 /* alignment slack */ + kStagingBytes + kExchangeBytes +
-                                          kSchedulerBytes + 2 * 8 * 16 /* barriers */;
-  static constexpr uint32_t kStageBytes = kWeightBytes + kTokenBytes + kScaleStride;
+                                          kSchedulerBytes + kTableBytes + 3 * 8 * 16 /* barriers */;
+  static constexpr uint32_t kStageBytes = kWeightBytes + kTokenBytes + kScaleStride + kRawStride;
   static constexpr uint32_t kStagesFit = (kSmemLimit - kFixedBytes) / kStageBytes;
   static constexpr uint32_t kStages = kStagesFit > 8 ? 8 : kStagesFit;
   static_assert(kStages >= 2, "tile does not fit shared memory with two stages");
@@ -80,9 +97,12 @@ struct GemmConfig {
   static constexpr uint32_t kWeightOffset = 0;
   static constexpr uint32_t kTokenOffset = kWeightOffset + kStages * kWeightBytes;
   static constexpr uint32_t kScaleOffset = kTokenOffset + kStages * kTokenBytes;
-  static constexpr uint32_t kFullOffset = kScaleOffset + kStages * kScaleStride;
+  static constexpr uint32_t kRawOffset = kScaleOffset + kStages * kScaleStride;
+  static constexpr uint32_t kFullOffset = kRawOffset + kStages * kRawStride;
   static constexpr uint32_t kEmptyOffset = kFullOffset + kStages * 8;
-  static constexpr uint32_t kSchedulerOffset = kEmptyOffset + kStages * 8;
+  static constexpr uint32_t kRawFullOffset = kEmptyOffset + kStages * 8;
+  static constexpr uint32_t kTableOffset = kRawFullOffset + kStages * 8;
+  static constexpr uint32_t kSchedulerOffset = kTableOffset + kTableBytes;
   static constexpr uint32_t kExchangeOffset = kSchedulerOffset + kSchedulerBytes;
   static constexpr uint32_t kStagingOffset = (kExchangeOffset + kExchangeBytes + 127) / 128 * 128;
   static constexpr uint32_t kSmemBytes = kStagingOffset + kStagingBytes + 1024;
@@ -103,6 +123,12 @@ struct SharedStorage {
   __device__ float* act_scales(uint32_t stage) const {
     return reinterpret_cast<float*>(base + Config::kScaleOffset + stage * Config::kScaleStride);
   }
+  __device__ uint8_t* raw_weights(uint32_t stage) const { return base + Config::kRawOffset + stage * Config::kRawStride; }
+  __device__ uint8_t* raw_shifts(uint32_t stage) const { return raw_weights(stage) + Config::kRawWeightBytes; }
+  __device__ uint64_t* raw_full(uint32_t stage) const {
+    return reinterpret_cast<uint64_t*>(base + Config::kRawFullOffset) + stage;
+  }
+  __device__ uint2* e2m1_tables() const { return reinterpret_cast<uint2*>(base + Config::kTableOffset); }
   __device__ uint64_t* full(uint32_t stage) const {
     return reinterpret_cast<uint64_t*>(base + Config::kFullOffset) + stage;
   }

@@ -18,6 +18,22 @@ struct Fp8Policy {
   static constexpr uint32_t kBlockK = 128;  // elements per K block: one 128-byte swizzled row slice
   static constexpr uint32_t kMmaK = 32;     // elements per wgmma
   static constexpr bool kScaled = true;
+  static constexpr bool kPackedWeights = false;
+  template <int N>
+  using Mma = ptx::WgmmaFp8<N>;
+};
+
+// E4M3 activations x MXFP4 weights. The weights stay packed (E2M1 pairs) in global memory, halving
+// the bytes a decode step streams; converter warps expand each stage to E4M3 in shared memory
+// (e2m1.cuh), after which the stage is exactly an fp8 one: the same wgmma and promotion, with the
+// 64-row x 128-K block scales derived from the UE8M0 scales (fp4_scales.h).
+struct Fp8Fp4Policy {
+  static constexpr Recipe kRecipe = Recipe::fp8_fp4;
+  static constexpr uint32_t kElementBytes = 1;  // activations, and the weights once expanded
+  static constexpr uint32_t kBlockK = 128;
+  static constexpr uint32_t kMmaK = 32;
+  static constexpr bool kScaled = true;
+  static constexpr bool kPackedWeights = true;
   template <int N>
   using Mma = ptx::WgmmaFp8<N>;
 };
@@ -29,6 +45,7 @@ struct Bf16Policy {
   static constexpr uint32_t kBlockK = 64;
   static constexpr uint32_t kMmaK = 16;
   static constexpr bool kScaled = false;
+  static constexpr bool kPackedWeights = false;
   template <int N>
   using Mma = ptx::WgmmaBf16<N>;
 };

@@ -1,0 +1,57 @@
+// E2M1 -> E4M3 expansion of the fp8_fp4 recipe's weights, for Hopper's FP8 wgmma (it has no FP4
+// operand). Host and device share it, so a CPU test checks it against formats.h bit for bit.
+//
+// An MXFP4 weight is code * 2^(s - 127) with one UE8M0 scale s per 32 values. The kernel keeps the
+// fp8 recipe's promotion unchanged: each 64-row x 128-K block gets one FP32 scale 2^(S - 127), S the
+// largest s of the block, and each group of 32 is expanded to E4M3 as code * 2^-(S - s). E4M3
+// holds every E2M1 value times 2^-shift exactly for shift <= 8; larger shifts round into E4M3's
+// subnormals (steps of 2^-9 of the block scale), and from 13 on everything is zero.
+#pragma once
+
+#include <cstdint>
+
+#include "megamoe/config.h"
+#include "megamoe/formats.h"
+
+namespace megamoe::gemm {
+
+inline constexpr uint32_t kMaxE2M1Shift = 15;  // shifts are clamped here: all values are zero by then
+
+// The E4M3 codes of the eight E2M1 magnitudes times 2^-shift: magnitude m is byte m % 4 of
+// word m / 4.
+struct E2M1Table {
+  uint32_t low, high;
+};
+
+MEGAMOE_HD E2M1Table e2m1_table(uint32_t shift) {
+  const float factor = bits_float((127u - shift) << 23);  // 2^-shift, exact
+  uint32_t words[2] = {0, 0};
+  for (uint32_t magnitude = 0; magnitude < 8; ++magnitude)
+    words[magnitude / 4] |= uint32_t{float_to_e4m3(e2m1_to_float(static_cast<uint8_t>(magnitude)) * factor)}
+                            << (8 * (magnitude % 4));
+  return {words[0], words[1]};
+}
+
+// Bytes of (low, high) picked by the four nibbles of `selector` (each 0..7): PRMT on the device.
+MEGAMOE_HD uint32_t select_bytes(uint32_t low, uint32_t high, uint32_t selector) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(low, high, selector);
+#else
+  const uint64_t bytes = (uint64_t{high} << 32) | low;
+  uint32_t out = 0;
+  for (uint32_t i = 0; i < 4; ++i)
+    out |= static_cast<uint32_t>((bytes >> (8 * ((selector >> (4 * i)) & 7u))) & 0xFFu) << (8 * i);
+  return out;
+#endif
+}
+
+// Four E2M1 codes, the low 16 bits of `packed` (two bytes of the packed layout: low nibble first,
+// which is column order), to four E4M3 bytes in column order. Bit 3 of a code is its sign, which
+// E4M3 keeps in bit 7.
+MEGAMOE_HD uint32_t expand_e2m1x4(uint32_t packed, E2M1Table table) {
+  const uint32_t magnitudes = select_bytes(table.low, table.high, packed & 0x7777u);
+  const uint32_t signs = select_bytes(0x8000u, 0u, (packed >> 3) & 0x1111u);
+  return magnitudes | signs;
+}
+
+}  // namespace megamoe::gemm

@@ -1,0 +1,56 @@
+#include "kernels/gemm/fp4_scales.h"
+
+#include "kernels/gemm/e2m1.cuh"
+#include "megamoe/error.h"
+#include "megamoe/formats.h"
+
+namespace megamoe::gemm {
+namespace {
+
+// One warp per (64-row block, K block): each lane reads the four codes of two rows.
+__global__ void derive_fp4_weight_scales_kernel(const uint8_t* mx_scales, uint32_t rows, uint32_t k,
+                                                float* block_scales, uint8_t* shifts) {
+  const uint32_t k_blocks = k / 128;
+  const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const uint32_t lane = threadIdx.x % 32;
+  if (warp >= rows / 64 * k_blocks) return;
+  const uint32_t row_block = warp / k_blocks, kb = warp % k_blocks;
+  uint32_t codes[2];
+  uint32_t largest = 0;
+  for (uint32_t i = 0; i < 2; ++i) {
+    const uint64_t row = uint64_t{row_block} * 64 + 2 * lane + i;
+    codes[i] = *reinterpret_cast<const uint32_t*>(mx_scales + row * (k / 32) + 4 * kb);
+    for (uint32_t g = 0; g < 4; ++g) largest = max(largest, (codes[i] >> (8 * g)) & 0xFFu);
+  }
+  for (int offset = 16; offset > 0; offset /= 2) largest = max(largest, __shfl_xor_sync(0xFFFFFFFFu, largest, offset));
+  if (lane == 0) block_scales[uint64_t{row_block} * k_blocks + kb] = ue8m0_to_float(static_cast<uint8_t>(largest));
+  for (uint32_t i = 0; i < 2; ++i) {
+    const uint64_t row = uint64_t{row_block} * 64 + 2 * lane + i;
+    uint32_t packed_shifts = 0;
+    for (uint32_t g = 0; g < 4; ++g)
+      packed_shifts |= min(largest - ((codes[i] >> (8 * g)) & 0xFFu), kMaxE2M1Shift) << (8 * g);
+    *reinterpret_cast<uint32_t*>(shifts + (uint64_t{kb} * rows + row) * 4) = packed_shifts;
+  }
+}
+
+}  // namespace
+
+void derive_fp4_weight_scales(const uint8_t* mx_scales, uint32_t rows, uint32_t k, float* block_scales,
+                              uint8_t* shifts, cudaStream_t stream) {
+  require(rows % 64 == 0, "rows", "must be a multiple of 64, got ", rows);
+  require(k >= 128 && k % 128 == 0, "k", "must be a positive multiple of 128, got ", k);
+  require(mx_scales != nullptr && reinterpret_cast<uintptr_t>(mx_scales) % 4 == 0, "mx_scales",
+          "must be a 4-byte aligned device pointer");
+  require(block_scales != nullptr && shifts != nullptr && reinterpret_cast<uintptr_t>(shifts) % 4 == 0,
+          "block_scales/shifts", "must be device pointers (shifts 4-byte aligned)");
+  if (rows == 0) return;
+  const uint64_t warps = uint64_t{rows} / 64 * (k / 128);
+  constexpr uint32_t kThreads = 256;
+  const uint64_t blocks = (warps * 32 + kThreads - 1) / kThreads;
+  derive_fp4_weight_scales_kernel<<<static_cast<uint32_t>(blocks), kThreads, 0, stream>>>(mx_scales, rows, k,
+                                                                                         block_scales, shifts);
+  const cudaError_t status = cudaGetLastError();
+  require(status == cudaSuccess, "derive_fp4_weight_scales", "launch failed: ", cudaGetErrorString(status));
+}
+
+}  // namespace megamoe::gemm

@@ -1,0 +1,20 @@
+// The fp8_fp4 GEMM's view of MXFP4 weight scales (e2m1.cuh explains the expansion).
+//
+// From the transformed UE8M0 scales [rows][k / 32] (rows = groups * n_out, every 64-row block inside
+// one group), derive on the device:
+//   block_scales [rows / 64][k / 128] FP32: 2^(S - 127), S the largest code of the 64 x 128 block,
+//                                           used by the mainloop's promotion like fp8's block scales;
+//   shifts       [k / 128][rows][4]   u8:   min(S - s, 15) of each group of 32, K-block-major so that
+//                                           a tile's shifts for one K block are one contiguous copy.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace megamoe::gemm {
+
+void derive_fp4_weight_scales(const uint8_t* mx_scales, uint32_t rows, uint32_t k, float* block_scales,
+                              uint8_t* shifts, cudaStream_t stream);
+
+}  // namespace megamoe::gemm
