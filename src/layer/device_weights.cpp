@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "kernels/gemm/fp4_scales.h"
 #include "megamoe/error.h"
 #include "megamoe/weights.h"
 
@@ -32,36 +33,65 @@ void upload(char* destination, const void* data, uint64_t bytes) {
 }
 
 struct Stacked {
-  TensorView w1, w1_scales, w2, w2_scales;
+  TensorView w1, w1_scales, w1_shifts, w2, w2_scales, w2_shifts;
 };
 
-// Transforms `count` experts (fetched by `fetch(i)`) and stacks them into four device tensors.
+// fp8_fp4: the kernels' block scales and shifts of `experts` stacked matrices of rows x cols, derived
+// on the device from their transformed UE8M0 scales.
+void derive_fp4_scales(DeviceWeights::Allocations& memory, const std::vector<uint8_t>& mx_scales, int64_t experts,
+                       int64_t rows, int64_t cols, TensorView& scales, TensorView& shifts) {
+  void* staged = nullptr;
+  require(cudaMalloc(&staged, mx_scales.size()) == cudaSuccess, "DeviceWeights", "cudaMalloc of ", mx_scales.size(),
+          " bytes of UE8M0 scales failed");
+  upload(static_cast<char*>(staged), mx_scales.data(), mx_scales.size());
+  const uint64_t all_rows = static_cast<uint64_t>(experts * rows);
+  char* block_scales = memory.allocate(sizeof(float) * all_rows / 64 * (cols / 128));
+  char* group_shifts = memory.allocate(all_rows * (cols / 32));
+  gemm::derive_fp4_weight_scales(static_cast<const uint8_t*>(staged), static_cast<uint32_t>(all_rows),
+                                 static_cast<uint32_t>(cols), reinterpret_cast<float*>(block_scales),
+                                 reinterpret_cast<uint8_t*>(group_shifts), nullptr);
+  const cudaError_t status = cudaDeviceSynchronize();
+  cudaFree(staged);
+  require(status == cudaSuccess, "DeviceWeights", "deriving fp8_fp4 scales failed: ", cudaGetErrorString(status));
+  scales = TensorView::contiguous(block_scales, DType::f32, {experts, rows / 64, cols / 128}, Device::cuda);
+  shifts = TensorView::contiguous(group_shifts, DType::u8, {cols / 128, experts * rows, 4}, Device::cuda);
+}
+
+// Transforms `count` experts (fetched by `fetch(i)`) and stacks them into device tensors.
 template <typename Fetch>
 Stacked stack(DeviceWeights::Allocations& memory, Recipe recipe, int32_t hidden, int32_t intermediate, int32_t count,
               const Fetch& fetch) {
   const StoredExpertSizes sizes = transformed_sizes(recipe, hidden, intermediate);
-  const bool scaled = recipe == Recipe::fp8;
+  const bool f32_scales = recipe == Recipe::fp8;
+  const bool packed = recipe == Recipe::fp8_fp4;
   char* w1 = memory.allocate(sizes.w1 * count);
   char* w2 = memory.allocate(sizes.w2 * count);
-  char* w1_scales = scaled ? memory.allocate(sizes.w1_scales * count) : nullptr;
-  char* w2_scales = scaled ? memory.allocate(sizes.w2_scales * count) : nullptr;
+  char* w1_scales = f32_scales ? memory.allocate(sizes.w1_scales * count) : nullptr;
+  char* w2_scales = f32_scales ? memory.allocate(sizes.w2_scales * count) : nullptr;
+  std::vector<uint8_t> w1_mx, w2_mx;  // fp8_fp4: all experts' transformed UE8M0 scales
   for (int32_t e = 0; e < count; ++e) {
     const StoredExpert expert = transform_weights(fetch(e), recipe);
     upload(w1 + sizes.w1 * e, expert.w1.data(), sizes.w1);
     upload(w2 + sizes.w2 * e, expert.w2.data(), sizes.w2);
-    if (scaled) {
+    if (f32_scales) {
       upload(w1_scales + sizes.w1_scales * e, expert.w1_scales.data(), sizes.w1_scales);
       upload(w2_scales + sizes.w2_scales * e, expert.w2_scales.data(), sizes.w2_scales);
+    } else if (packed) {
+      w1_mx.insert(w1_mx.end(), expert.w1_mx_scales.begin(), expert.w1_mx_scales.end());
+      w2_mx.insert(w2_mx.end(), expert.w2_mx_scales.begin(), expert.w2_mx_scales.end());
     }
   }
-  const DType act = activation_dtype(recipe);
   const int64_t n = count, h = hidden, i = intermediate;
   Stacked s;
-  s.w1 = TensorView::contiguous(w1, act, {n, 2 * i, h}, Device::cuda);
-  s.w2 = TensorView::contiguous(w2, act, {n, h, i}, Device::cuda);
-  if (scaled) {
+  const DType codes = packed ? DType::e2m1x2 : activation_dtype(recipe);
+  s.w1 = TensorView::contiguous(w1, codes, {n, 2 * i, packed ? h / 2 : h}, Device::cuda);
+  s.w2 = TensorView::contiguous(w2, codes, {n, h, packed ? i / 2 : i}, Device::cuda);
+  if (f32_scales) {
     s.w1_scales = TensorView::contiguous(w1_scales, DType::f32, {n, 2 * i / 64, h / 128}, Device::cuda);
     s.w2_scales = TensorView::contiguous(w2_scales, DType::f32, {n, h / 64, i / 128}, Device::cuda);
+  } else if (packed) {
+    derive_fp4_scales(memory, w1_mx, n, 2 * i, h, s.w1_scales, s.w1_shifts);
+    derive_fp4_scales(memory, w2_mx, n, h, i, s.w2_scales, s.w2_shifts);
   }
   return s;
 }
@@ -71,15 +101,16 @@ Stacked stack(DeviceWeights::Allocations& memory, Recipe recipe, int32_t hidden,
 DeviceWeights::DeviceWeights(const Problem& problem, const WeightSource& source)
     : allocations_(std::make_unique<Allocations>()) {
   validate(problem);
-  require(problem.recipe != Recipe::fp8_fp4, "recipe", "fp8_fp4 has no GPU kernels yet (CPU reference only)");
   const int32_t local_experts = problem.experts_per_rank();
   const int32_t first_expert = problem.rank * local_experts;
   const Stacked routed = stack(*allocations_, problem.recipe, problem.hidden, problem.intermediate, local_experts,
                                [&](int32_t e) { return source.routed_expert(first_expert + e); });
   view_.w1 = routed.w1;
   view_.w1_scales = routed.w1_scales;
+  view_.w1_shifts = routed.w1_shifts;
   view_.w2 = routed.w2;
   view_.w2_scales = routed.w2_scales;
+  view_.w2_shifts = routed.w2_shifts;
   if (problem.num_shared_experts == 0) return;
   std::vector<StoredExpert> shared;
   for (int32_t s = 0; s < problem.num_shared_experts; ++s) shared.push_back(source.shared_expert(s));
@@ -89,8 +120,10 @@ DeviceWeights::DeviceWeights(const Problem& problem, const WeightSource& source)
                                 [&](int32_t) { return concatenated; });
   view_.shared_w1 = stacked.w1;
   view_.shared_w1_scales = stacked.w1_scales;
+  view_.shared_w1_shifts = stacked.w1_shifts;
   view_.shared_w2 = stacked.w2;
   view_.shared_w2_scales = stacked.w2_scales;
+  view_.shared_w2_shifts = stacked.w2_shifts;
 }
 
 DeviceWeights::DeviceWeights() : allocations_(std::make_unique<Allocations>()) {}

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <string>
 
 #include "comm/rank_barrier.h"
 #include "kernels/combine/combine.cuh"
@@ -24,24 +25,28 @@ void cuda_ok(cudaError_t status, const char* what) {
   require(status == cudaSuccess, what, "failed: ", cudaGetErrorString(status));
 }
 
+// One stacked weight matrix of `experts` experts x rows x cols (LayerWeights' formats).
+void check_matrix(Recipe recipe, const TensorView& codes, const TensorView& scales, const TensorView& shifts,
+                  const std::string& name, int64_t experts, int64_t rows, int64_t cols) {
+  const bool packed = recipe == Recipe::fp8_fp4;
+  check_tensor(codes, ("weights." + name).c_str(), packed ? DType::e2m1x2 : activation_dtype(recipe),
+               {experts, rows, packed ? cols / 2 : cols}, Device::cuda);
+  if (recipe == Recipe::bf16) return;
+  check_tensor(scales, ("weights." + name + "_scales").c_str(), DType::f32, {experts, rows / 64, cols / 128},
+               Device::cuda);
+  if (packed)
+    check_tensor(shifts, ("weights." + name + "_shifts").c_str(), DType::u8, {cols / 128, experts * rows, 4},
+                 Device::cuda);
+}
+
 void check_weights(const Problem& p, const LayerWeights& w) {
-  const bool scaled = p.recipe == Recipe::fp8;
-  const DType act = activation_dtype(p.recipe);
   const int64_t e = p.experts_per_rank(), h = p.hidden, i = p.intermediate;
-  check_tensor(w.w1, "weights.w1", act, {e, 2 * i, h}, Device::cuda);
-  check_tensor(w.w2, "weights.w2", act, {e, h, i}, Device::cuda);
-  if (scaled) {
-    check_tensor(w.w1_scales, "weights.w1_scales", DType::f32, {e, 2 * i / 64, h / 128}, Device::cuda);
-    check_tensor(w.w2_scales, "weights.w2_scales", DType::f32, {e, h / 64, i / 128}, Device::cuda);
-  }
+  check_matrix(p.recipe, w.w1, w.w1_scales, w.w1_shifts, "w1", e, 2 * i, h);
+  check_matrix(p.recipe, w.w2, w.w2_scales, w.w2_shifts, "w2", e, h, i);
   if (p.num_shared_experts == 0) return;
   const int64_t si = int64_t{p.num_shared_experts} * i;
-  check_tensor(w.shared_w1, "weights.shared_w1", act, {1, 2 * si, h}, Device::cuda);
-  check_tensor(w.shared_w2, "weights.shared_w2", act, {1, h, si}, Device::cuda);
-  if (scaled) {
-    check_tensor(w.shared_w1_scales, "weights.shared_w1_scales", DType::f32, {1, 2 * si / 64, h / 128}, Device::cuda);
-    check_tensor(w.shared_w2_scales, "weights.shared_w2_scales", DType::f32, {1, h / 64, si / 128}, Device::cuda);
-  }
+  check_matrix(p.recipe, w.shared_w1, w.shared_w1_scales, w.shared_w1_shifts, "shared_w1", 1, 2 * si, h);
+  check_matrix(p.recipe, w.shared_w2, w.shared_w2_scales, w.shared_w2_shifts, "shared_w2", 1, h, si);
 }
 
 void check_inputs(const Problem& p, const LayerInputs& in, const TensorView& y, const TensorView& recv_stats) {
@@ -49,7 +54,8 @@ void check_inputs(const Problem& p, const LayerInputs& in, const TensorView& y, 
           p.max_tokens_per_rank, "] (the buffer's max_tokens_per_rank), got ", in.num_tokens);
   const int64_t t = in.num_tokens;
   check_tensor(in.x, "inputs.x", activation_dtype(p.recipe), {t, p.hidden}, Device::cuda);
-  if (p.recipe == Recipe::fp8) check_tensor(in.x_scales, "inputs.x_scales", DType::f32, {t, p.hidden / 128}, Device::cuda);
+  if (p.recipe != Recipe::bf16)
+    check_tensor(in.x_scales, "inputs.x_scales", DType::f32, {t, p.hidden / 128}, Device::cuda);
   check_tensor(in.topk_idx, "inputs.topk_idx", DType::i32, {t, p.top_k}, Device::cuda);
   check_tensor(in.topk_weights, "inputs.topk_weights", DType::f32, {t, p.top_k}, Device::cuda);
   check_tensor(y, "y", DType::bf16, {t, p.hidden}, Device::cuda);
@@ -68,8 +74,8 @@ dispatch::StagedCopy staged_copy(const TensorView& source, char* destination) {
 // expert, rows from expert_rows) or over the concatenated shared experts (this rank's tokens, one
 // group of `rows`). `rows` is also the expected rows per group, which picks the token tile.
 gemm::GemmOperands expert_operands(const Problem& p, const BufferLayout& l, char* local, uint64_t timeout_ns,
-                                   const TensorView& weights, const TensorView& weight_scales, bool first_linear,
-                                   bool shared, uint32_t rows) {
+                                   const TensorView& weights, const TensorView& weight_scales,
+                                   const TensorView& weight_shifts, bool first_linear, bool shared, uint32_t rows) {
   const uint32_t intermediate = shared ? l.shared_intermediate : static_cast<uint32_t>(p.intermediate);
   const uint32_t hidden = static_cast<uint32_t>(p.hidden);
   const Region& acts = first_linear ? (shared ? l.x : l.l1_pool) : (shared ? l.shared_l2 : l.l2_pool);
@@ -82,8 +88,9 @@ gemm::GemmOperands expert_operands(const Problem& p, const BufferLayout& l, char
   o.k = first_linear ? hidden : intermediate;
   o.weights = weights.data;
   o.weight_scales = weight_scales.as<const float>();
+  o.weight_shifts = weight_shifts.as<const uint8_t>();
   o.acts = local + acts.offset;
-  o.act_scales = p.recipe == Recipe::fp8 ? BufferLayout::at<float>(local, act_scales) : nullptr;
+  o.act_scales = p.recipe != Recipe::bf16 ? BufferLayout::at<float>(local, act_scales) : nullptr;
   o.act_rows = shared ? l.max_tokens : l.pool_rows;
   o.groups = shared ? gemm::GroupRows{nullptr, 1, rows}
                     : gemm::GroupRows{BufferLayout::at<uint32_t>(local, l.expert_rows), l.experts_per_rank, 0};
@@ -106,7 +113,7 @@ void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w,
 
   const dispatch::StagedInputs staged{
       {staged_copy(in.x, local + l.x.offset),
-       p.recipe == Recipe::fp8 ? staged_copy(in.x_scales, local + l.x_scales.offset) : dispatch::StagedCopy{},
+       p.recipe != Recipe::bf16 ? staged_copy(in.x_scales, local + l.x_scales.offset) : dispatch::StagedCopy{},
        staged_copy(in.topk_weights, local + l.topk_weights.offset)}};
   dispatch::stage_inputs<<<grid, kDispatchThreads, 0, stream>>>(staged);
   cuda_ok(cudaGetLastError(), "stage_inputs launch");
@@ -130,14 +137,16 @@ void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w,
     const TensorView& weights = first_linear ? (shared ? w.shared_w1 : w.w1) : (shared ? w.shared_w2 : w.w2);
     const TensorView& scales = first_linear ? (shared ? w.shared_w1_scales : w.w1_scales)
                                             : (shared ? w.shared_w2_scales : w.w2_scales);
-    return expert_operands(p, l, local, view.timeout_ns, weights, scales, first_linear, shared,
+    const TensorView& shifts = first_linear ? (shared ? w.shared_w1_shifts : w.w1_shifts)
+                                            : (shared ? w.shared_w2_shifts : w.w2_shifts);
+    return expert_operands(p, l, local, view.timeout_ns, weights, scales, shifts, first_linear, shared,
                            shared ? tokens : expected_rows);
   };
   // The shared experts run as a second job of the routed experts' launches, in the routed tile
   // shape, when that shape suits them too: the same shape, or at most 8 token tiles per weight tile.
   // One persistent grid then balances both, which matters most when few tokens leave SMs idle
   // (their own launch would cover only n_out / 256 SMs). Otherwise each gets its own launch.
-  const bool scaled = p.recipe == Recipe::fp8;
+  const bool scaled = p.recipe != Recipe::bf16;  // E4M3 activations with 1x128 scales
   const bool shared = p.num_shared_experts > 0 && in.num_tokens > 0;
   const gemm::TileShape routed_tile = gemm::choose_tile(expected_rows);
   const gemm::TileShape shared_tile = gemm::choose_tile(tokens);
@@ -185,7 +194,7 @@ LayerInputs buffer_input_views(const SymmBuffer& buffer, int32_t num_tokens, con
   LayerInputs in;
   in.num_tokens = num_tokens;
   in.x = TensorView::contiguous(local + l.x.offset, activation_dtype(p.recipe), {num_tokens, p.hidden}, Device::cuda);
-  if (p.recipe == Recipe::fp8)
+  if (p.recipe != Recipe::bf16)
     in.x_scales = TensorView::contiguous(local + l.x_scales.offset, DType::f32, {num_tokens, p.hidden / 128},
                                          Device::cuda);
   in.topk_idx = topk_idx;
@@ -201,10 +210,22 @@ void fp8_mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeig
   run_layer(buffer, inputs, weights, y, stream, recv_stats);
 }
 
+void fp8_fp4_mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights,
+                      const TensorView& y, cudaStream_t stream, const TensorView& recv_stats) {
+  require(buffer.problem().recipe == Recipe::fp8_fp4, "buffer", "was made for recipe ",
+          to_string(buffer.problem().recipe), "; fp8_fp4_mega_moe needs fp8_fp4");
+  run_layer(buffer, inputs, weights, y, stream, recv_stats);
+}
+
 void bf16_mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
                    cudaStream_t stream, const TensorView& recv_stats) {
   require(buffer.problem().recipe == Recipe::bf16, "buffer", "was made for recipe ",
           to_string(buffer.problem().recipe), "; bf16_mega_moe needs bf16");
+  run_layer(buffer, inputs, weights, y, stream, recv_stats);
+}
+
+void mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
+              cudaStream_t stream, const TensorView& recv_stats) {
   run_layer(buffer, inputs, weights, y, stream, recv_stats);
 }
 

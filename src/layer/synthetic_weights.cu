@@ -4,6 +4,7 @@
 // with the same MEGAMOE_HD functions, so the bits equal the host path's.
 #include <cuda_runtime_api.h>
 
+#include "kernels/gemm/fp4_scales.h"
 #include "megamoe/device_weights.h"
 #include "megamoe/error.h"
 #include "megamoe/synthetic.h"
@@ -14,8 +15,9 @@ namespace {
 
 // One stacked weight matrix to generate: `experts` experts of rows x cols transformed elements.
 struct MatrixSpec {
-  uint8_t* codes;  // E4M3 codes or BF16 bits
-  float* scales;   // fp8: per 64 rows x 128 columns; nullptr for bf16
+  uint8_t* codes;      // E4M3 codes, packed E2M1 pairs or BF16 bits
+  float* scales;       // fp8: per 64 rows x 128 columns; nullptr otherwise
+  uint8_t* mx_scales;  // fp8_fp4: transformed UE8M0 scales [experts * rows][cols / 32]
   Recipe recipe;
   uint64_t seed;
   uint32_t experts, rows, cols;
@@ -84,6 +86,34 @@ __global__ void generate_codes(const MatrixSpec m) {
   }
 }
 
+// fp8_fp4: one packed byte (columns 2j, 2j + 1) per thread iteration.
+__global__ void generate_packed_codes(const MatrixSpec m) {
+  const uint32_t pairs = m.cols / 2;
+  const uint64_t per_expert = uint64_t{m.rows} * pairs;
+  const uint64_t total = per_expert * m.experts;
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < total; i += uint64_t{gridDim.x} * blockDim.x) {
+    const uint32_t expert = static_cast<uint32_t>(i / per_expert);
+    const uint32_t row = static_cast<uint32_t>(i % per_expert / pairs);
+    const uint32_t col = 2 * static_cast<uint32_t>(i % pairs);
+    const CanonicalPosition c = canonical_position(m, expert, row, col);
+    m.codes[i] = synthetic_e2m1_pair(m.seed, c.stream_values, (uint64_t{c.row} * c.cols + c.col) / 2);
+  }
+}
+
+// fp8_fp4: the UE8M0 scale of each group of 32 columns, rows in transformed order.
+__global__ void generate_mx_scales(const MatrixSpec m) {
+  const uint32_t groups = m.cols / kMxBlock;
+  const uint64_t per_expert = uint64_t{m.rows} * groups;
+  const uint64_t total = per_expert * m.experts;
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < total; i += uint64_t{gridDim.x} * blockDim.x) {
+    const uint32_t expert = static_cast<uint32_t>(i / per_expert);
+    const uint32_t row = static_cast<uint32_t>(i % per_expert / groups);
+    const uint32_t col = static_cast<uint32_t>(i % groups) * kMxBlock;
+    const CanonicalPosition c = canonical_position(m, expert, row, col);
+    m.mx_scales[i] = synthetic_ue8m0_scale(m.seed, c.stream_scales, (uint64_t{c.row} * c.cols + c.col) / kMxBlock, m.range);
+  }
+}
+
 // Transformed fp8 scales: one per 64 rows x 128 columns, the canonical 128x128 block's scale.
 __global__ void generate_scales(const MatrixSpec m) {
   const uint32_t row_blocks = m.rows / 64, col_blocks = m.cols / 128;
@@ -106,15 +136,15 @@ void cuda_ok(cudaError_t status, const char* what) {
 
 std::unique_ptr<DeviceWeights> DeviceWeights::synthetic(const Problem& problem, uint64_t seed) {
   validate(problem);
-  require(problem.recipe != Recipe::fp8_fp4, "recipe", "fp8_fp4 has no GPU kernels yet (CPU reference only)");
   std::unique_ptr<DeviceWeights> weights(new DeviceWeights());
-  const bool scaled = problem.recipe == Recipe::fp8;
-  const DType act = activation_dtype(problem.recipe);
+  const bool f32_scales = problem.recipe == Recipe::fp8;
+  const bool packed = problem.recipe == Recipe::fp8_fp4;
+  const DType codes_type = packed ? DType::e2m1x2 : activation_dtype(problem.recipe);
   const uint32_t element_bytes = static_cast<uint32_t>(activation_bytes(problem.recipe));
   const int64_t h = problem.hidden;
 
   auto make = [&](bool shared, bool first_linear, uint32_t experts, uint32_t intermediate, TensorView& codes_view,
-                  TensorView& scales_view) {
+                  TensorView& scales_view, TensorView& shifts_view) {
     MatrixSpec m{};
     m.recipe = problem.recipe;
     m.seed = seed;
@@ -127,13 +157,28 @@ std::unique_ptr<DeviceWeights> DeviceWeights::synthetic(const Problem& problem, 
     m.unit_intermediate = static_cast<uint32_t>(problem.intermediate);
     m.shared_count = static_cast<uint32_t>(problem.num_shared_experts);
     m.range = synthetic_weight_range(first_linear ? problem.hidden : problem.intermediate);
-    m.codes = reinterpret_cast<uint8_t*>(
-        weights->allocate(uint64_t{experts} * m.rows * m.cols * element_bytes));
-    generate_codes<<<1024, 256>>>(m);
+    const uint64_t elements = uint64_t{experts} * m.rows * m.cols;
+    m.codes = reinterpret_cast<uint8_t*>(weights->allocate(packed ? elements / 2 : elements * element_bytes));
+    if (packed) generate_packed_codes<<<1024, 256>>>(m);
+    else generate_codes<<<1024, 256>>>(m);
     cuda_ok(cudaGetLastError(), "generate_codes launch");
     const int64_t n = experts;
-    codes_view = TensorView::contiguous(m.codes, act, {n, m.rows, m.cols}, Device::cuda);
-    if (scaled) {
+    codes_view = TensorView::contiguous(m.codes, codes_type, {n, m.rows, packed ? m.cols / 2 : m.cols}, Device::cuda);
+    if (packed) {
+      cuda_ok(cudaMalloc(&m.mx_scales, elements / kMxBlock), "cudaMalloc of UE8M0 scales");
+      generate_mx_scales<<<1024, 256>>>(m);
+      cuda_ok(cudaGetLastError(), "generate_mx_scales launch");
+      const uint64_t rows = uint64_t{experts} * m.rows;
+      float* block_scales = reinterpret_cast<float*>(weights->allocate(sizeof(float) * rows / 64 * (m.cols / 128)));
+      uint8_t* shifts = reinterpret_cast<uint8_t*>(weights->allocate(elements / kMxBlock));
+      gemm::derive_fp4_weight_scales(m.mx_scales, static_cast<uint32_t>(rows), m.cols, block_scales, shifts, nullptr);
+      const cudaError_t status = cudaDeviceSynchronize();
+      cudaFree(m.mx_scales);
+      cuda_ok(status, "deriving fp8_fp4 scales");
+      scales_view = TensorView::contiguous(block_scales, DType::f32, {n, m.rows / 64, m.cols / 128}, Device::cuda);
+      shifts_view = TensorView::contiguous(shifts, DType::u8, {m.cols / 128, n * m.rows, 4}, Device::cuda);
+    }
+    if (f32_scales) {
       m.scales = reinterpret_cast<float*>(
           weights->allocate(uint64_t{experts} * (m.rows / 64) * (m.cols / 128) * sizeof(float)));
       generate_scales<<<256, 256>>>(m);
@@ -144,12 +189,12 @@ std::unique_ptr<DeviceWeights> DeviceWeights::synthetic(const Problem& problem, 
   LayerWeights& v = weights->view_;
   const uint32_t local = static_cast<uint32_t>(problem.experts_per_rank());
   const uint32_t intermediate = static_cast<uint32_t>(problem.intermediate);
-  make(false, true, local, intermediate, v.w1, v.w1_scales);
-  make(false, false, local, intermediate, v.w2, v.w2_scales);
+  make(false, true, local, intermediate, v.w1, v.w1_scales, v.w1_shifts);
+  make(false, false, local, intermediate, v.w2, v.w2_scales, v.w2_shifts);
   if (problem.num_shared_experts > 0) {
     const uint32_t concatenated = intermediate * static_cast<uint32_t>(problem.num_shared_experts);
-    make(true, true, 1, concatenated, v.shared_w1, v.shared_w1_scales);
-    make(true, false, 1, concatenated, v.shared_w2, v.shared_w2_scales);
+    make(true, true, 1, concatenated, v.shared_w1, v.shared_w1_scales, v.shared_w1_shifts);
+    make(true, false, 1, concatenated, v.shared_w2, v.shared_w2_scales, v.shared_w2_shifts);
   }
   cuda_ok(cudaDeviceSynchronize(), "synthetic weight generation");
   return weights;

@@ -19,17 +19,11 @@ TEST(Backend, ParsesNames) {
 
 TEST(Backend, AutoPicksTheGpuExactlyWhenAHopperGpuIsPresent) {
   const bool hopper = count_hopper_gpus_in_child() > 0;
-  const BackendChoice choice = choose_backend(BackendKind::automatic, Recipe::fp8);
+  const BackendChoice choice = choose_backend(BackendKind::automatic);
   EXPECT_EQ(choice.kind, hopper ? BackendKind::gpu : BackendKind::cpu) << choice.reason;
   EXPECT_NE(choice.reason.find("Hopper GPU"), std::string::npos) << choice.reason;
-  EXPECT_EQ(choose_backend(BackendKind::gpu, Recipe::fp8).kind, BackendKind::gpu);
-  EXPECT_EQ(choose_backend(BackendKind::cpu, Recipe::fp8).kind, BackendKind::cpu);
-}
-
-TEST(Backend, AutoRunsFp8Fp4OnTheCpu) {
-  const BackendChoice choice = choose_backend(BackendKind::automatic, Recipe::fp8_fp4);
-  EXPECT_EQ(choice.kind, BackendKind::cpu);
-  EXPECT_NE(choice.reason.find("fp8_fp4"), std::string::npos) << choice.reason;
+  EXPECT_EQ(choose_backend(BackendKind::gpu).kind, BackendKind::gpu);
+  EXPECT_EQ(choose_backend(BackendKind::cpu).kind, BackendKind::cpu);
 }
 
 TEST(Backend, GpuBackendWithoutAGpuSaysSo) {

@@ -1,16 +1,19 @@
 // DeviceWeights::synthetic generates on the GPU exactly the bits of transforming SyntheticWeights'
-// experts on the host and uploading them.
+// experts on the host and uploading them; fp8_fp4's derived scales follow their rule.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "gpu_test_util.h"
 #include "megamoe/device_weights.h"
+#include "megamoe/formats.h"
 #include "megamoe/synthetic.h"
+#include "megamoe/weights.h"
 
 namespace megamoe {
 namespace {
@@ -54,15 +57,61 @@ TEST_P(SyntheticDeviceWeights, SameBitsAsTheHostTransform) {
   const LayerWeights& b = uploaded.view();
   expect_same(a.w1, b.w1, "w1");
   expect_same(a.w1_scales, b.w1_scales, "w1_scales");
+  expect_same(a.w1_shifts, b.w1_shifts, "w1_shifts");
   expect_same(a.w2, b.w2, "w2");
   expect_same(a.w2_scales, b.w2_scales, "w2_scales");
+  expect_same(a.w2_shifts, b.w2_shifts, "w2_shifts");
   expect_same(a.shared_w1, b.shared_w1, "shared_w1");
   expect_same(a.shared_w1_scales, b.shared_w1_scales, "shared_w1_scales");
+  expect_same(a.shared_w1_shifts, b.shared_w1_shifts, "shared_w1_shifts");
   expect_same(a.shared_w2, b.shared_w2, "shared_w2");
   expect_same(a.shared_w2_scales, b.shared_w2_scales, "shared_w2_scales");
+  expect_same(a.shared_w2_shifts, b.shared_w2_shifts, "shared_w2_shifts");
+  if (p.recipe == Recipe::fp8_fp4) {
+    EXPECT_FALSE(a.w1_shifts.empty());
+    EXPECT_FALSE(a.shared_w2_shifts.empty());
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(Recipes, SyntheticDeviceWeights, ::testing::Values(Recipe::fp8, Recipe::bf16),
+// fp8_fp4's derived scales: each 64-row x 128-column block scale is the largest UE8M0 scale in it,
+// and each group's shift is how far below that its own scale lies (clamped at 15).
+TEST(Fp4DerivedScales, BlockScaleIsTheLargestAndShiftsAreRelativeToIt) {
+  MEGAMOE_SKIP_WITHOUT_GPU();
+  Problem p;
+  p.num_experts = 2;
+  p.top_k = 1;
+  p.hidden = 256;
+  p.intermediate = 128;
+  p.max_tokens_per_rank = 4;
+  p.recipe = Recipe::fp8_fp4;
+  const SyntheticWeights host(p, std::random_device{}());
+  const DeviceWeights uploaded(p, host);
+  const LayerWeights& w = uploaded.view();
+  const int64_t rows = 2 * p.intermediate, cols = p.hidden;
+  const std::vector<uint8_t> scale_bytes = download(w.w1_scales), shifts = download(w.w1_shifts);
+  for (int32_t e = 0; e < p.num_experts; ++e) {
+    const StoredExpert expert = transform_weights(host.routed_expert(e), p.recipe);
+    for (int64_t row_block = 0; row_block < rows / 64; ++row_block)
+      for (int64_t kb = 0; kb < cols / 128; ++kb) {
+        uint8_t largest = 0;
+        for (int64_t r = 0; r < 64; ++r)
+          for (int64_t g = 0; g < 4; ++g)
+            largest = std::max(largest, expert.w1_mx_scales[(row_block * 64 + r) * (cols / 32) + kb * 4 + g]);
+        float block;
+        std::memcpy(&block, &scale_bytes[4 * ((e * rows / 64 + row_block) * (cols / 128) + kb)], 4);
+        ASSERT_EQ(block, ue8m0_to_float(largest)) << "expert " << e << " block " << row_block << "," << kb;
+        for (int64_t r = 0; r < 64; ++r)
+          for (int64_t g = 0; g < 4; ++g) {
+            const int64_t row = row_block * 64 + r;
+            const uint8_t code = expert.w1_mx_scales[row * (cols / 32) + kb * 4 + g];
+            ASSERT_EQ(shifts[(kb * p.num_experts * rows + e * rows + row) * 4 + g], std::min(largest - code, 15))
+                << "expert " << e << " row " << row << " group " << kb * 4 + g;
+          }
+      }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, SyntheticDeviceWeights, ::testing::Values(Recipe::fp8, Recipe::fp8_fp4, Recipe::bf16),
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
 }  // namespace

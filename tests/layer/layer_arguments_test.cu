@@ -76,5 +76,31 @@ TEST(LayerArguments, EachBadArgumentIsNamed) {
   EXPECT_EQ(failed, 0);
 }
 
+// fp8_fp4 weights are packed E2M1 pairs with derived scales and shifts: fp8 weights, or weights
+// without their shifts, are refused by name.
+TEST(LayerArguments, Fp8Fp4WeightsAreCheckedInTheirOwnFormat) {
+  MEGAMOE_SKIP_WITHOUT_GPU();
+  const int failed = run_ranks(1, LaunchMode::emulated, [](Communicator& comm) {
+    const Problem p = small_problem(Recipe::fp8_fp4);
+    SymmBuffer buffer(comm, p);
+    const auto fp4_weights = DeviceWeights::synthetic(p, 7);
+    const auto fp8_weights = DeviceWeights::synthetic(small_problem(Recipe::fp8), 7);
+    DeviceBatch batch(p, 4);
+    void* y_memory = nullptr;
+    ASSERT_EQ(cudaMalloc(&y_memory, 4 * 256 * 2), cudaSuccess);
+    const TensorView y = TensorView::contiguous(y_memory, DType::bf16, {4, 256}, Device::cuda);
+    cudaStream_t stream = comm.stream();
+    expect_refused([&] { fp8_fp4_mega_moe(buffer, batch.inputs(), fp8_weights->view(), y, stream); },
+                   {"weights.w1", "dtype e2m1x2"});
+    LayerWeights no_shifts = fp4_weights->view();
+    no_shifts.w2_shifts = {};
+    expect_refused([&] { fp8_fp4_mega_moe(buffer, batch.inputs(), no_shifts, y, stream); }, {"weights.w2_shifts"});
+    expect_refused([&] { fp8_mega_moe(buffer, batch.inputs(), fp4_weights->view(), y, stream); },
+                   {"buffer", "recipe fp8_fp4", "fp8"});
+    cudaFree(y_memory);
+  });
+  EXPECT_EQ(failed, 0);
+}
+
 }  // namespace
 }  // namespace megamoe

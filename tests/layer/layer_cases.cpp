@@ -15,8 +15,8 @@ std::vector<int32_t> tokens(int32_t ranks, std::vector<int32_t> pattern) {
 
 std::vector<LayerCase> cases_for_ranks(int32_t ranks) {
   std::vector<LayerCase> cases;
-  for (Recipe recipe : {Recipe::fp8, Recipe::bf16}) {
-    const std::string suffix = recipe == Recipe::fp8 ? "_fp8" : "_bf16";
+  for (Recipe recipe : {Recipe::fp8, Recipe::fp8_fp4, Recipe::bf16}) {
+    const std::string suffix = "_" + std::string(to_string(recipe));
     LayerCase basic;
     basic.name = "basic_shared" + suffix;
     basic.recipe = recipe;

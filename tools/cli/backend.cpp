@@ -35,9 +35,8 @@ bool parse_backend(std::string_view text, BackendKind& kind) {
   return false;
 }
 
-BackendChoice choose_backend(BackendKind requested, Recipe recipe) {
+BackendChoice choose_backend(BackendKind requested) {
   if (requested != BackendKind::automatic) return {requested, "requested with --backend"};
-  if (recipe == Recipe::fp8_fp4) return {BackendKind::cpu, "auto: fp8_fp4 has no GPU kernels yet"};
   std::string found;
   const bool hopper = find_hopper(found);
   if (!hopper) return {BackendKind::cpu, "auto: no Hopper GPU (found " + found + ")"};

@@ -42,9 +42,8 @@ struct BackendChoice {
   std::string reason;
 };
 
-// `automatic` picks gpu when a Hopper GPU is present and the recipe has GPU kernels (fp8_fp4 has
-// not yet), else cpu.
-BackendChoice choose_backend(BackendKind requested, Recipe recipe);
+// `automatic` picks gpu when a Hopper GPU is present (all three recipes have GPU kernels), else cpu.
+BackendChoice choose_backend(BackendKind requested);
 
 BackendResult run_backend(BackendKind kind, const Problem& problem, const std::vector<RankBatch>& batches,
                           const SyntheticWeights& weights, const BackendOptions& options);

@@ -207,10 +207,7 @@ double median_call_us(Communicator& comm, cudaStream_t stream, int32_t repeats, 
 
 void call_fused(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
                 cudaStream_t stream) {
-  if (buffer.problem().recipe == Recipe::fp8)
-    fp8_mega_moe(buffer, inputs, weights, y, stream);
-  else
-    bf16_mega_moe(buffer, inputs, weights, y, stream);
+  mega_moe(buffer, inputs, weights, y, stream);
 }
 
 // Compares the baseline's y with the fused layer's (both [tokens, hidden] BF16 on the device).
@@ -390,11 +387,11 @@ BenchOptions parse_bench(const std::vector<std::string>& args) {
   if (auto text = flags.value("--recipe")) {
     Recipe recipe = Recipe::fp8;
     require(parse_recipe(*text, recipe) && recipe != Recipe::fp8_fp4, "--recipe",
-            "must be fp8 or bf16 (the recipes with GPU kernels), got '", *text, "'");
+            "must be fp8 or bf16 (the unfused cuBLASLt baseline has no MXFP4 path), got '", *text, "'");
     options.problem.recipe = recipe;
   }
   require(options.problem.recipe != Recipe::fp8_fp4, "--recipe", "preset ", preset.name,
-          " defaults to fp8_fp4, which has no GPU kernels; pass --recipe fp8 or bf16");
+          " defaults to fp8_fp4, which the unfused cuBLASLt baseline cannot run; pass --recipe fp8 or bf16");
   if (auto text = flags.value("--routing")) {
     require(parse_routing(*text, options.routing) && options.routing != Routing::one_expert, "--routing",
             "must be uniform or zipf, got '", *text, "'");

@@ -185,7 +185,7 @@ int run(const RunOptions& options) {
   std::printf("problem: %s\n", describe(problem).c_str());
   std::printf("data: %d tokens on each of %d ranks, routing %s, seed %llu\n", options.tokens, problem.num_ranks,
               std::string(to_string(options.routing)).c_str(), static_cast<unsigned long long>(options.seed));
-  const BackendChoice choice = choose_backend(options.backend, problem.recipe);
+  const BackendChoice choice = choose_backend(options.backend);
   std::printf("backend: %s (%s)\n", std::string(to_string(choice.kind)).c_str(), choice.reason.c_str());
   std::fflush(stdout);
 
