@@ -22,9 +22,10 @@ struct LayerInputs {
 
 // This rank's expert weights in the transformed layout (weights.h), in device memory.
 //   fp8:     w* E4M3 [.., rows, cols], *_scales f32 per 64 rows x 128 columns.
-//   fp8_fp4: w* packed E2M1 pairs (e2m1x2) [.., rows, cols / 2]; *_scales f32 per 64 rows x 128
-//            columns and *_shifts u8 [cols / 128, experts * rows, 4], both derived from the UE8M0
-//            scales (kernels/gemm/fp4_scales.h; DeviceWeights does it).
+//   fp8_fp4: w* packed E2M1 pairs (e2m1x2) [.., rows, cols / 2] with the sign bits of each 32-bit
+//            word interleaved; *_scales f32 per 64 rows x 128 columns and *_shifts u8
+//            [cols / 128, experts * rows, 4] derived from the UE8M0 scales (kernels/gemm/fp4_scales.h
+//            prepares all three; DeviceWeights does it).
 //   bf16:    w* BF16, no scales.
 struct LayerWeights {
   TensorView w1;         // [experts_per_rank, 2I, hidden]

@@ -36,10 +36,10 @@ struct Stacked {
   TensorView w1, w1_scales, w1_shifts, w2, w2_scales, w2_shifts;
 };
 
-// fp8_fp4: the kernels' block scales and shifts of `experts` stacked matrices of rows x cols, derived
-// on the device from their transformed UE8M0 scales.
-void derive_fp4_scales(DeviceWeights::Allocations& memory, const std::vector<uint8_t>& mx_scales, int64_t experts,
-                       int64_t rows, int64_t cols, TensorView& scales, TensorView& shifts) {
+// fp8_fp4: prepares `experts` stacked matrices of rows x cols for the kernels on the device: their
+// uploaded codes repacked in place, block scales and shifts derived from the UE8M0 scales.
+void prepare_fp4(DeviceWeights::Allocations& memory, char* codes, const std::vector<uint8_t>& mx_scales,
+                 int64_t experts, int64_t rows, int64_t cols, TensorView& scales, TensorView& shifts) {
   void* staged = nullptr;
   require(cudaMalloc(&staged, mx_scales.size()) == cudaSuccess, "DeviceWeights", "cudaMalloc of ", mx_scales.size(),
           " bytes of UE8M0 scales failed");
@@ -47,12 +47,12 @@ void derive_fp4_scales(DeviceWeights::Allocations& memory, const std::vector<uin
   const uint64_t all_rows = static_cast<uint64_t>(experts * rows);
   char* block_scales = memory.allocate(sizeof(float) * all_rows / 64 * (cols / 128));
   char* group_shifts = memory.allocate(all_rows * (cols / 32));
-  gemm::derive_fp4_weight_scales(static_cast<const uint8_t*>(staged), static_cast<uint32_t>(all_rows),
-                                 static_cast<uint32_t>(cols), reinterpret_cast<float*>(block_scales),
-                                 reinterpret_cast<uint8_t*>(group_shifts), nullptr);
+  gemm::prepare_fp4_weights(reinterpret_cast<uint8_t*>(codes), static_cast<const uint8_t*>(staged),
+                            static_cast<uint32_t>(all_rows), static_cast<uint32_t>(cols),
+                            reinterpret_cast<float*>(block_scales), reinterpret_cast<uint8_t*>(group_shifts), nullptr);
   const cudaError_t status = cudaDeviceSynchronize();
   cudaFree(staged);
-  require(status == cudaSuccess, "DeviceWeights", "deriving fp8_fp4 scales failed: ", cudaGetErrorString(status));
+  require(status == cudaSuccess, "DeviceWeights", "preparing fp8_fp4 weights failed: ", cudaGetErrorString(status));
   scales = TensorView::contiguous(block_scales, DType::f32, {experts, rows / 64, cols / 128}, Device::cuda);
   shifts = TensorView::contiguous(group_shifts, DType::u8, {cols / 128, experts * rows, 4}, Device::cuda);
 }
@@ -90,8 +90,8 @@ Stacked stack(DeviceWeights::Allocations& memory, Recipe recipe, int32_t hidden,
     s.w1_scales = TensorView::contiguous(w1_scales, DType::f32, {n, 2 * i / 64, h / 128}, Device::cuda);
     s.w2_scales = TensorView::contiguous(w2_scales, DType::f32, {n, h / 64, i / 128}, Device::cuda);
   } else if (packed) {
-    derive_fp4_scales(memory, w1_mx, n, 2 * i, h, s.w1_scales, s.w1_shifts);
-    derive_fp4_scales(memory, w2_mx, n, h, i, s.w2_scales, s.w2_shifts);
+    prepare_fp4(memory, w1, w1_mx, n, 2 * i, h, s.w1_scales, s.w1_shifts);
+    prepare_fp4(memory, w2, w2_mx, n, h, i, s.w2_scales, s.w2_shifts);
   }
   return s;
 }

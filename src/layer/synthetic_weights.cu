@@ -171,10 +171,10 @@ std::unique_ptr<DeviceWeights> DeviceWeights::synthetic(const Problem& problem, 
       const uint64_t rows = uint64_t{experts} * m.rows;
       float* block_scales = reinterpret_cast<float*>(weights->allocate(sizeof(float) * rows / 64 * (m.cols / 128)));
       uint8_t* shifts = reinterpret_cast<uint8_t*>(weights->allocate(elements / kMxBlock));
-      gemm::derive_fp4_weight_scales(m.mx_scales, static_cast<uint32_t>(rows), m.cols, block_scales, shifts, nullptr);
+      gemm::prepare_fp4_weights(m.codes, m.mx_scales, static_cast<uint32_t>(rows), m.cols, block_scales, shifts, nullptr);
       const cudaError_t status = cudaDeviceSynchronize();
       cudaFree(m.mx_scales);
-      cuda_ok(status, "deriving fp8_fp4 scales");
+      cuda_ok(status, "preparing fp8_fp4 weights");
       scales_view = TensorView::contiguous(block_scales, DType::f32, {n, m.rows / 64, m.cols / 128}, Device::cuda);
       shifts_view = TensorView::contiguous(shifts, DType::u8, {m.cols / 128, n * m.rows, 4}, Device::cuda);
     }

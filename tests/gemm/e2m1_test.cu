@@ -1,5 +1,5 @@
 // The fp8_fp4 recipe's E2M1 -> E4M3 expansion (e2m1.cuh), on the CPU: every code under every shift
-// against formats.h's own conversions, and the packed layout's column order.
+// against formats.h's own conversions, the sign interleaving, and the packed layout's column order.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -22,15 +22,26 @@ TEST(E2M1Expansion, EveryCodeUnderEveryShiftMatchesTheScalarConversion) {
     const E2M1Table table = e2m1_table(shift);
     for (uint32_t a = 0; a < 16; ++a)
       for (uint32_t b = 0; b < 16; ++b) {
-        // Codes a, b, b, a in column order: bytes (b << 4 | a) and (a << 4 | b).
-        const uint32_t packed = (b << 4 | a) | (a << 4 | b) << 8;
-        const uint32_t out = expand_e2m1x4(packed, table);
-        const uint8_t want[4] = {expected_e4m3(a, shift), expected_e4m3(b, shift), expected_e4m3(b, shift),
-                                 expected_e4m3(a, shift)};
-        for (uint32_t i = 0; i < 4; ++i)
-          ASSERT_EQ((out >> (8 * i)) & 0xFFu, want[i]) << "shift " << shift << " codes " << a << "," << b << " byte " << i;
+        // Codes a, b, b, a, b, a, a, b in column order.
+        const uint32_t codes[8] = {a, b, b, a, b, a, a, b};
+        uint32_t packed = 0;
+        for (uint32_t i = 0; i < 8; ++i) packed |= codes[i] << (4 * i);
+        const uint32_t word = interleave_e2m1_signs(packed);
+        const uint32_t out[2] = {expand_e2m1_low(word, table), expand_e2m1_high(word, table)};
+        for (uint32_t i = 0; i < 8; ++i)
+          ASSERT_EQ((out[i / 4] >> (8 * (i % 4))) & 0xFFu, expected_e4m3(static_cast<uint8_t>(codes[i]), shift))
+              << "shift " << shift << " codes " << a << "," << b << " column " << i;
       }
   }
+}
+
+TEST(E2M1Expansion, InterleavingKeepsMagnitudesAndMovesOnlySigns) {
+  EXPECT_EQ(interleave_e2m1_signs(0x77777777u), 0x77777777u);
+  EXPECT_EQ(interleave_e2m1_signs(0x00000008u), 0x00000080u);  // code 0's sign: bit 3 -> bit 7
+  EXPECT_EQ(interleave_e2m1_signs(0x00000080u), 0x00008000u);  // code 1's: bit 7 -> bit 15
+  EXPECT_EQ(interleave_e2m1_signs(0x00080000u), 0x00000008u);  // code 4's: bit 19 -> bit 3
+  EXPECT_EQ(interleave_e2m1_signs(0x80000000u), 0x08000000u);  // code 7's: bit 31 -> bit 27
+  EXPECT_EQ(interleave_e2m1_signs(0x88888888u), 0x88888888u);
 }
 
 TEST(E2M1Expansion, SmallShiftsAreExactAndLargeOnesFlushToZero) {
@@ -43,17 +54,15 @@ TEST(E2M1Expansion, SmallShiftsAreExactAndLargeOnesFlushToZero) {
   EXPECT_EQ(flushed.high, 0u);
 }
 
-TEST(E2M1Expansion, GroupOf32KeepsColumnOrder) {
+TEST(E2M1Expansion, WordsOfRandomCodesKeepColumnOrder) {
   std::mt19937 rng(7);
-  for (uint32_t trial = 0; trial < 100; ++trial) {
+  for (uint32_t trial = 0; trial < 1000; ++trial) {
     const uint32_t shift = rng() % (kMaxE2M1Shift + 1);
-    uint32_t packed[4];
-    for (uint32_t& word : packed) word = rng();
-    // As the converter does: each 16-bit half of a packed word gives one word of four E4M3 bytes.
-    uint32_t out[8];
-    for (uint32_t i = 0; i < 8; ++i) out[i] = expand_e2m1x4(packed[i / 2] >> (16 * (i % 2)) & 0xFFFFu, e2m1_table(shift));
-    for (uint32_t column = 0; column < 32; ++column) {
-      const uint8_t byte = static_cast<uint8_t>(packed[column / 8] >> (8 * (column % 8 / 2)));
+    const uint32_t packed = rng();  // the plain packing: byte j holds columns 2j (low) and 2j + 1
+    const uint32_t word = interleave_e2m1_signs(packed);
+    const uint32_t out[2] = {expand_e2m1_low(word, e2m1_table(shift)), expand_e2m1_high(word, e2m1_table(shift))};
+    for (uint32_t column = 0; column < 8; ++column) {
+      const uint8_t byte = static_cast<uint8_t>(packed >> (8 * (column / 2)));
       const uint8_t code = column % 2 == 0 ? byte & 0xF : byte >> 4;
       ASSERT_EQ((out[column / 4] >> (8 * (column % 4))) & 0xFFu, expected_e4m3(code, shift)) << "column " << column;
     }

@@ -93,7 +93,7 @@ std::vector<float> random_scales(size_t count, float base, std::mt19937_64& rng)
 struct CaseWeights {
   std::vector<float> values;        // [groups][n_out][k], dequantized except for `block_scales`
   std::vector<float> block_scales;  // fp8: [groups][n_out / 64][k / 128], applied per K block; else empty
-  DeviceBuffer<uint8_t> bytes;      // E4M3 codes, packed E2M1 pairs or BF16
+  DeviceBuffer<uint8_t> bytes;      // E4M3 codes, packed E2M1 pairs (prepared, fp4_scales.h) or BF16
   DeviceBuffer<float> device_scales;  // the kernel's weight_scales (fp8: block_scales; fp8_fp4: derived)
   DeviceBuffer<uint8_t> shifts;       // fp8_fp4: derived from the UE8M0 scales
   uint32_t n_out = 0, k_blocks = 0;
@@ -140,8 +140,8 @@ CaseWeights random_weights(Recipe recipe, uint32_t groups, uint32_t n_out, uint3
   DeviceBuffer<uint8_t> d_mx(mx);
   w.device_scales = DeviceBuffer<float>(size_t{rows / 64} * w.k_blocks);
   w.shifts = DeviceBuffer<uint8_t>(size_t{rows} * (k / 32));
-  gemm::derive_fp4_weight_scales(d_mx.get(), rows, k, w.device_scales.get(), w.shifts.get(), nullptr);
-  testing::cuda_check(cudaDeviceSynchronize(), "derive_fp4_weight_scales");
+  gemm::prepare_fp4_weights(w.bytes.get(), d_mx.get(), rows, k, w.device_scales.get(), w.shifts.get(), nullptr);
+  testing::cuda_check(cudaDeviceSynchronize(), "prepare_fp4_weights");
   return w;
 }
 

@@ -45,13 +45,27 @@ MEGAMOE_HD uint32_t select_bytes(uint32_t low, uint32_t high, uint32_t selector)
 #endif
 }
 
-// Four E2M1 codes, the low 16 bits of `packed` (two bytes of the packed layout: low nibble first,
-// which is column order), to four E4M3 bytes in column order. Bit 3 of a code is its sign, which
-// E4M3 keeps in bit 7.
-MEGAMOE_HD uint32_t expand_e2m1x4(uint32_t packed, E2M1Table table) {
-  const uint32_t magnitudes = select_bytes(table.low, table.high, packed & 0x7777u);
-  const uint32_t signs = select_bytes(0x8000u, 0u, (packed >> 3) & 0x1111u);
-  return magnitudes | signs;
+// The kernels' packing of E2M1 codes (applied on the device when weights are prepared,
+// fp4_scales.h): eight codes per 32-bit word in column order, each code's magnitude in bits 0..2 of
+// its nibble as in the plain packing, but the eight sign bits (bit 3 of each nibble) permuted so
+// that the signs of codes 0..3 sit at bits 7, 15, 23, 31 (where E4M3 bytes keep their sign) and
+// those of codes 4..7 four bits lower. Expanding a word then takes eight instructions: a PRMT per
+// four magnitudes and a LOP3 to merge the signs.
+MEGAMOE_HD uint32_t interleave_e2m1_signs(uint32_t packed) {
+  uint32_t out = packed & 0x77777777u;
+  for (uint32_t i = 0; i < 8; ++i) {
+    const uint32_t sign = (packed >> (4 * i + 3)) & 1u;
+    out |= sign << (i < 4 ? 8 * i + 7 : 8 * (i - 4) + 3);
+  }
+  return out;
+}
+
+// Codes 0..3 (low) or 4..7 (high) of an interleaved word as four E4M3 bytes in column order.
+MEGAMOE_HD uint32_t expand_e2m1_low(uint32_t interleaved, E2M1Table table) {
+  return select_bytes(table.low, table.high, interleaved & 0x7777u) | (interleaved & 0x80808080u);
+}
+MEGAMOE_HD uint32_t expand_e2m1_high(uint32_t interleaved, E2M1Table table) {
+  return select_bytes(table.low, table.high, (interleaved >> 16) & 0x7777u) | ((interleaved << 4) & 0x80808080u);
 }
 
 }  // namespace megamoe::gemm

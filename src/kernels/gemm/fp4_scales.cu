@@ -33,12 +33,19 @@ __global__ void derive_fp4_weight_scales_kernel(const uint8_t* mx_scales, uint32
   }
 }
 
+__global__ void interleave_signs_kernel(uint32_t* words, uint64_t count) {
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < count; i += uint64_t{gridDim.x} * blockDim.x)
+    words[i] = interleave_e2m1_signs(words[i]);
+}
+
 }  // namespace
 
-void derive_fp4_weight_scales(const uint8_t* mx_scales, uint32_t rows, uint32_t k, float* block_scales,
-                              uint8_t* shifts, cudaStream_t stream) {
+void prepare_fp4_weights(uint8_t* codes, const uint8_t* mx_scales, uint32_t rows, uint32_t k, float* block_scales,
+                         uint8_t* shifts, cudaStream_t stream) {
   require(rows % 64 == 0, "rows", "must be a multiple of 64, got ", rows);
   require(k >= 128 && k % 128 == 0, "k", "must be a positive multiple of 128, got ", k);
+  require(codes != nullptr && reinterpret_cast<uintptr_t>(codes) % 4 == 0, "codes",
+          "must be a 4-byte aligned device pointer");
   require(mx_scales != nullptr && reinterpret_cast<uintptr_t>(mx_scales) % 4 == 0, "mx_scales",
           "must be a 4-byte aligned device pointer");
   require(block_scales != nullptr && shifts != nullptr && reinterpret_cast<uintptr_t>(shifts) % 4 == 0,
@@ -49,8 +56,9 @@ void derive_fp4_weight_scales(const uint8_t* mx_scales, uint32_t rows, uint32_t 
   const uint64_t blocks = (warps * 32 + kThreads - 1) / kThreads;
   derive_fp4_weight_scales_kernel<<<static_cast<uint32_t>(blocks), kThreads, 0, stream>>>(mx_scales, rows, k,
                                                                                          block_scales, shifts);
+  interleave_signs_kernel<<<1024, 256, 0, stream>>>(reinterpret_cast<uint32_t*>(codes), uint64_t{rows} * k / 8);
   const cudaError_t status = cudaGetLastError();
-  require(status == cudaSuccess, "derive_fp4_weight_scales", "launch failed: ", cudaGetErrorString(status));
+  require(status == cudaSuccess, "prepare_fp4_weights", "launch failed: ", cudaGetErrorString(status));
 }
 
 }  // namespace megamoe::gemm

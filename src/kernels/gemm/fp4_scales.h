@@ -1,7 +1,9 @@
-// The fp8_fp4 GEMM's view of MXFP4 weight scales (e2m1.cuh explains the expansion).
-//
-// From the transformed UE8M0 scales [rows][k / 32] (rows = groups * n_out, every 64-row block inside
-// one group), derive on the device:
+// The fp8_fp4 GEMM's view of MXFP4 weights (e2m1.cuh explains the expansion), prepared on the device
+// from the transformed weights (weights.h):
+//   codes        [rows][k / 2] bytes:    repacked in place into the kernels' sign-interleaved packing
+//                                        (interleave_e2m1_signs on every 32-bit word);
+// and, from the transformed UE8M0 scales [rows][k / 32] (rows = groups * n_out, every 64-row block
+// inside one group):
 //   block_scales [rows / 64][k / 128] FP32: 2^(S - 127), S the largest code of the 64 x 128 block,
 //                                           used by the mainloop's promotion like fp8's block scales;
 //   shifts       [k / 128][rows][4]   u8:   min(S - s, 15) of each group of 32, K-block-major so that
@@ -14,7 +16,7 @@
 
 namespace megamoe::gemm {
 
-void derive_fp4_weight_scales(const uint8_t* mx_scales, uint32_t rows, uint32_t k, float* block_scales,
-                              uint8_t* shifts, cudaStream_t stream);
+void prepare_fp4_weights(uint8_t* codes, const uint8_t* mx_scales, uint32_t rows, uint32_t k, float* block_scales,
+                         uint8_t* shifts, cudaStream_t stream);
 
 }  // namespace megamoe::gemm

@@ -97,10 +97,11 @@ __device__ void produce(const SharedStorage<Config>& smem, const TileScheduler<C
   }
 }
 
-// fp8_fp4: expands group `group` (32 codes of row group / 4) of a stage's E2M1 weight tile into the
-// E4M3 tile the wgmmas read, laid out as TMA's 128-byte swizzle would have left it (16-byte chunk c
-// of row r at c ^ r % 8): 16 packed bytes in, two chunks out. Consecutive threads taking consecutive
-// groups keep both the loads and the swizzled stores free of bank conflicts.
+// fp8_fp4: expands group `group` (32 codes of row group / 4, in the kernels' sign-interleaved
+// packing, e2m1.cuh) of a stage's E2M1 weight tile into the E4M3 tile the wgmmas read, laid out as
+// TMA's 128-byte swizzle would have left it (16-byte chunk c of row r at c ^ r % 8): 16 packed
+// bytes in, two chunks out. Consecutive threads taking consecutive groups keep both the loads and
+// the swizzled stores free of bank conflicts.
 template <class Config>
 __device__ __forceinline__ void expand_weight_group(const SharedStorage<Config>& smem, uint32_t stage,
                                                     uint32_t group) {
@@ -113,11 +114,11 @@ __device__ __forceinline__ void expand_weight_group(const SharedStorage<Config>&
   const E2M1Table lookup{table.x, table.y};
   uint8_t* row_bytes = smem.weights(stage) + row * Config::kRowBytes;
   *reinterpret_cast<uint4*>(row_bytes + 16 * ((2 * part) ^ (row % 8))) =
-      make_uint4(expand_e2m1x4(codes.x & 0xFFFFu, lookup), expand_e2m1x4(codes.x >> 16, lookup),
-                 expand_e2m1x4(codes.y & 0xFFFFu, lookup), expand_e2m1x4(codes.y >> 16, lookup));
+      make_uint4(expand_e2m1_low(codes.x, lookup), expand_e2m1_high(codes.x, lookup),
+                 expand_e2m1_low(codes.y, lookup), expand_e2m1_high(codes.y, lookup));
   *reinterpret_cast<uint4*>(row_bytes + 16 * ((2 * part + 1) ^ (row % 8))) =
-      make_uint4(expand_e2m1x4(codes.z & 0xFFFFu, lookup), expand_e2m1x4(codes.z >> 16, lookup),
-                 expand_e2m1x4(codes.w & 0xFFFFu, lookup), expand_e2m1x4(codes.w >> 16, lookup));
+      make_uint4(expand_e2m1_low(codes.z, lookup), expand_e2m1_high(codes.z, lookup),
+                 expand_e2m1_low(codes.w, lookup), expand_e2m1_high(codes.w, lookup));
 }
 
 // Converter warps (fp8_fp4): expand each stage's weight tile, then arrive on full[s]. The
