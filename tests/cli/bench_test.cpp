@@ -66,8 +66,7 @@ TEST(BenchFlags, MistakesNameTheirFlag) {
   expect_names({"--preset", "tiny", "--out", "layer.json", "--tokens", "1,,8"}, "--tokens");
   expect_names({"--preset", "tiny", "--out", "layer.json", "--tokens", "1,8,"}, "--tokens");
   expect_names({"--preset", "tiny", "--out", "layer.json", "--tokens", "many"}, "--tokens");
-  expect_names({"--preset", "tiny", "--out", "layer.json", "--recipe", "fp8_fp4"}, "--recipe");
-  expect_names({"--preset", "gpt-oss-120b", "--out", "layer.json"}, "--recipe");  // the preset's fp8_fp4
+  expect_names({"--preset", "tiny", "--out", "layer.json", "--recipe", "fp4"}, "--recipe");
   expect_names({"--preset", "tiny", "--out", "layer.json", "--routing", "one_expert"}, "--routing");
   expect_names({"--preset", "tiny", "--out", "layer.json", "--repeats", "0"}, "--repeats");
   expect_names({"--preset", "deepseek-v3", "--out", "layer.json", "--ranks", "3"}, "--ranks");
@@ -134,6 +133,15 @@ TEST(BenchWork, CountsRoutesFlopsAndBytesByHand) {
   EXPECT_DOUBLE_EQ(r0.link_out_bytes, 132 + 256);
   EXPECT_DOUBLE_EQ(r0.link_in_bytes, 132 + 256);
   EXPECT_DOUBLE_EQ(r1.link_out_bytes, 132 + 256);
+}
+
+TEST(BenchWork, Fp8Fp4WeightsAreHalfABytePlusAShiftPer32) {
+  const std::vector<RankWork> fp8 = layer_work(small_problem(Recipe::fp8), small_batches());
+  const std::vector<RankWork> fp4 = layer_work(small_problem(Recipe::fp8_fp4), small_batches());
+  // One fp8_fp4 expert: 3 * 128 * 128 * (1/2 + 1/32) bytes + the same 6 FP32 block scales = 26136,
+  // against fp8's 49176; its activation rows are fp8's.
+  EXPECT_DOUBLE_EQ(fp4[0].hbm_bytes, fp8[0].hbm_bytes - 3 * (49176.0 - 26136.0));
+  EXPECT_DOUBLE_EQ(fp4[0].link_out_bytes, fp8[0].link_out_bytes);
 }
 
 TEST(BenchWork, Bf16RowsHaveNoScales) {

@@ -163,7 +163,8 @@ struct BenchData {
   Problem problem;                              // `rank` is set by each rank
   std::vector<std::vector<RankBatch>> batches;  // [size][rank]
   Problem check_problem;                        // bf16, kCheckTokens
-  std::vector<RankBatch> check_batches;         // [rank]; empty with emulated ranks
+  std::vector<RankBatch> check_batches;         // [rank]; empty without a baseline
+  bool with_baseline = true;  // one NCCL process per GPU and a recipe cuBLASLt can run (not fp8_fp4)
   uint64_t seed = 1;
   int32_t repeats = 10;
 };
@@ -275,7 +276,7 @@ void bench_rank(Communicator& comm, const BenchData& data, const SharedArray<Ran
                 const SharedArray<RankMeasures>& checks) {
   const int32_t rank = comm.rank();
   const int32_t ranks = comm.size();
-  const bool with_baseline = !comm.emulated();
+  const bool with_baseline = data.with_baseline;
   cudaStream_t stream = comm.stream();
   if (with_baseline) check_baseline(comm, data, checks[static_cast<size_t>(rank)]);
 
@@ -353,13 +354,14 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 // ---- Command line ------------------------------------------------------------------------------
 
 const char* bench_usage() {
-  return "  megamoe bench --preset NAME [--ranks R] [--tokens LIST] [--recipe fp8|bf16]\n"
+  return "  megamoe bench --preset NAME [--ranks R] [--tokens LIST] [--recipe fp8|fp8_fp4|bf16]\n"
          "                [--routing uniform|zipf] [--seed S] [--repeats N] --out FILE\n"
          "\n"
          "Times the whole layer and an unfused baseline (NCCL all-to-all, cuBLASLt per-expert GEMMs and\n"
          "permute/SwiGLU/combine kernels) for each token count, with floors from ceilings measured in\n"
          "the same run, and writes the results as JSON (shared/bench-results.md, benchmark \"layer\").\n"
-         "With fewer Hopper GPUs than ranks the ranks are emulated on GPU 0 and only the fused layer runs.\n"
+         "With fewer Hopper GPUs than ranks the ranks are emulated on GPU 0 and only the fused layer runs;\n"
+         "so does fp8_fp4, which cuBLASLt has no GEMM for.\n"
          "  --tokens   tokens per rank, comma-separated (default 1,8,128,512,2048,8192)\n"
          "  --repeats  timed calls per size; the median is reported (default 10)\n"
          "  --out      the JSON results file (its directory must exist)\n";
@@ -386,12 +388,9 @@ BenchOptions parse_bench(const std::vector<std::string>& args) {
   options.problem = preset_problem(preset, ranks, *std::max_element(options.tokens.begin(), options.tokens.end()));
   if (auto text = flags.value("--recipe")) {
     Recipe recipe = Recipe::fp8;
-    require(parse_recipe(*text, recipe) && recipe != Recipe::fp8_fp4, "--recipe",
-            "must be fp8 or bf16 (the unfused cuBLASLt baseline has no MXFP4 path), got '", *text, "'");
+    require(parse_recipe(*text, recipe), "--recipe", "must be fp8, fp8_fp4 or bf16, got '", *text, "'");
     options.problem.recipe = recipe;
   }
-  require(options.problem.recipe != Recipe::fp8_fp4, "--recipe", "preset ", preset.name,
-          " defaults to fp8_fp4, which the unfused cuBLASLt baseline cannot run; pass --recipe fp8 or bf16");
   if (auto text = flags.value("--routing")) {
     require(parse_routing(*text, options.routing) && options.routing != Routing::one_expert, "--routing",
             "must be uniform or zipf, got '", *text, "'");
@@ -441,9 +440,12 @@ std::vector<RankWork> layer_work(const Problem& p, const std::vector<RankBatch>&
   const bool shared = p.num_shared_experts > 0;
   // A row of k activations with its 1x128 FP32 scales.
   auto row_bytes = [&](double k) { return k * act + (scaled ? k / kScaleBlock * 4 : 0); };
-  // One expert of this intermediate size as stored: W1 [2I][H], W2 [H][I], FP32 scales per 64 x 128.
+  // One expert of this intermediate size as stored: W1 [2I][H], W2 [H][I], FP32 scales per 64 x 128;
+  // fp8_fp4 weights are half a byte each, plus one shift byte per 32.
+  const bool packed = p.recipe == Recipe::fp8_fp4;
   auto expert_bytes = [&](double intermediate) {
-    return 3 * intermediate * h * act +
+    const double values = 3 * intermediate * h;
+    return values * (packed ? 0.5 + 1.0 / kMxBlock : act) +
            (scaled ? 4 * (2 * intermediate / 64 * (h / 128) + h / 64 * (intermediate / 128)) : 0);
   };
   const double bf16_row = h * 2;
@@ -519,13 +521,16 @@ void run_bench(const BenchOptions& options) {
   const int32_t gpus = count_hopper_gpus_in_child();
   require(gpus >= 1, "bench", "needs a Hopper GPU; found none");
   const bool emulated = gpus < ranks;
+  // cuBLASLt has no MXFP4 GEMM, so fp8_fp4 runs the fused layer only.
+  const bool with_baseline = !emulated && problem.recipe != Recipe::fp8_fp4;
   if (emulated) {
     std::printf(
         "mode: emulated: %d ranks on GPU 0 (%d Hopper GPU%s, fewer than the ranks); fused layer only, "
         "each rank on its share of the multiprocessors; no baseline (it needs one NCCL process per GPU)\n",
         ranks, gpus, gpus == 1 ? "" : "s");
   } else {
-    std::printf("mode: processes: %d ranks, one process per GPU (NCCL); fused layer and unfused baseline\n", ranks);
+    std::printf("mode: processes: %d ranks, one process per GPU (NCCL); fused layer%s\n", ranks,
+                with_baseline ? " and unfused baseline" : " only (the unfused baseline has no MXFP4 path)");
   }
   std::fflush(stdout);
 
@@ -534,11 +539,12 @@ void run_bench(const BenchOptions& options) {
   data.problem = problem;
   data.seed = options.seed;
   data.repeats = options.repeats;
+  data.with_baseline = with_baseline;
   for (int32_t tokens : options.tokens) {
     data.batches.push_back(synthetic_batches(problem, std::vector<int32_t>(static_cast<size_t>(ranks), tokens),
                                              options.routing, options.seed));
   }
-  if (!emulated) {
+  if (with_baseline) {
     data.check_problem = problem;
     data.check_problem.recipe = Recipe::bf16;
     data.check_problem.max_tokens_per_rank = kCheckTokens;
@@ -562,8 +568,8 @@ void run_bench(const BenchOptions& options) {
                                [&](Communicator& comm) { bench_rank(comm, data, measures, checks); });
   require(failed == 0, "bench", failed, " of ", ranks, " ranks failed (see above)");
 
-  const double check_error = emulated ? kNaN : normalized_error(&checks[0], ranks);
-  if (!emulated) {
+  const double check_error = with_baseline ? normalized_error(&checks[0], ranks) : kNaN;
+  if (with_baseline) {
     std::printf(
         "baseline check: bf16, %d tokens per rank, y against the fused layer's: normalized error %.3g "
         "(bound %.0e)\n",
@@ -589,10 +595,10 @@ void run_bench(const BenchOptions& options) {
     for (int32_t r = 0; r < ranks; ++r) {
       us = std::max(us, row[r].fused_us);
       graph_us = std::max(graph_us, row[r].graph_us);
-      baseline_us = emulated ? kNaN : std::max(baseline_us, row[r].baseline_us);
+      baseline_us = with_baseline ? std::max(baseline_us, row[r].baseline_us) : kNaN;
       nonfinite += row[r].baseline_nonfinite;
     }
-    const double y_error = emulated ? kNaN : normalized_error(row, ranks);
+    const double y_error = with_baseline ? normalized_error(row, ranks) : kNaN;
     const std::vector<RankWork> work = layer_work(problem, data.batches[s]);
     const Floors floors = layer_floors(problem, work, ceilings, emulated);
     const Rates fused = layer_rates(work, us, emulated);
@@ -608,9 +614,9 @@ void run_bench(const BenchOptions& options) {
                 format(speedup, "%.2fx").c_str(), format(graph_speedup, "%.2fx").c_str(), roofline,
                 format(baseline_roofline, "%.3f").c_str(),
                 limiting_floor(floors), format(y_error, "%.2e").c_str());
-    if (!emulated && nonfinite > 0)
+    if (with_baseline && nonfinite > 0)
       problems.push_back(detail::concat(tokens, " tokens/rank: ", nonfinite, " non-finite values in the baseline's y"));
-    if (!emulated && problem.recipe == Recipe::bf16 && !(y_error < kCheckBound))
+    if (with_baseline && problem.recipe == Recipe::bf16 && !(y_error < kCheckBound))
       problems.push_back(detail::concat(tokens, " tokens/rank: the baseline's y differs from the fused layer's by ",
                                         y_error, " (normalized, bound ", kCheckBound, ")"));
 
@@ -632,7 +638,7 @@ void run_bench(const BenchOptions& options) {
                            {"tflops", fused.tflops},
                            {"hbm_gbps", fused.hbm_gbps},
                            {"nvlink_gbps", fused.nvlink_gbps},
-                           {"baseline_available", static_cast<long long>(emulated ? 0 : 1)},
+                           {"baseline_available", static_cast<long long>(with_baseline ? 1 : 0)},
                            {"baseline_us", baseline_us},
                            {"baseline_tflops", baseline.tflops},
                            {"baseline_hbm_gbps", baseline.hbm_gbps},
@@ -662,7 +668,7 @@ void run_bench(const BenchOptions& options) {
       emulated ? "\nmode emulated: no baseline (n/a: it needs one NCCL process per GPU); the ranks share GPU 0, "
                  "so the floors count all ranks' work there, and there is no NVLink floor"
                : "");
-  if (!emulated && problem.recipe == Recipe::fp8) {
+  if (with_baseline && problem.recipe == Recipe::fp8) {
     std::printf(
         "note: the fp8 baseline uses cuBLASLt's per-tensor FP8 scaling (same bytes and FLOPs, different "
         "numerics from the 1x128/128x128 block-scaled recipe), so its y is only checked to be finite\n");
