@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "kernels/comm/sync.cuh"
+#include "kernels/gemm/e2m1.cuh"
 #include "kernels/gemm/scheduler.cuh"
 #include "megamoe/config.h"
 #include "megamoe/layout.h"
@@ -62,9 +63,9 @@ struct GemmConfig {
   static constexpr uint32_t kRawWeightBytes = kPacked ? kBlockM * kBlockK / 2 : 0;
   static constexpr uint32_t kShiftBytes = kPacked ? kBlockM * (kBlockK / 32) : 0;
   static constexpr uint32_t kRawStride = kRawWeightBytes + kShiftBytes;
-  // Expanding a stage takes about 60 instructions per group of 32 weights: seven warps share it.
+  // Expanding a stage takes about 50 instructions per group of 32 weights: seven warps share it.
   static constexpr uint32_t kConverterWarps = kPacked ? 3 + 4 * kConverterWarpgroups : 0;
-  static constexpr uint32_t kTableBytes = kPacked ? (16 * 8) : 0;
+  static constexpr uint32_t kTableBytes = kPacked ? (kMaxE2M1Shift + 1) * sizeof(uint2) : 0;  // e2m1_table per shift
   // full[s] completes on TMA's bytes and the producer's arrival, plus each converter warp's.
   static constexpr uint32_t kStageTxBytes = (kPacked ? 0 : kWeightBytes) + kTokenBytes + kScaleBytes;
   static constexpr uint32_t kFullArrivals = 1 + kConverterWarps;
