@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/gemm/fp4_scales.h"
+#include "layer/prepare_fp4.h"
 #include "megamoe/error.h"
 #include "megamoe/weights.h"
 
@@ -36,25 +37,18 @@ struct Stacked {
   TensorView w1, w1_scales, w1_shifts, w2, w2_scales, w2_shifts;
 };
 
-// fp8_fp4: prepares `experts` stacked matrices of rows x cols for the kernels on the device: their
-// uploaded codes repacked in place, block scales and shifts derived from the UE8M0 scales.
+// fp8_fp4: uploads the transformed UE8M0 scales of `experts` stacked matrices and prepares them.
 void prepare_fp4(DeviceWeights::Allocations& memory, char* codes, const std::vector<uint8_t>& mx_scales,
                  int64_t experts, int64_t rows, int64_t cols, TensorView& scales, TensorView& shifts) {
   void* staged = nullptr;
   require(cudaMalloc(&staged, mx_scales.size()) == cudaSuccess, "DeviceWeights", "cudaMalloc of ", mx_scales.size(),
           " bytes of UE8M0 scales failed");
   upload(static_cast<char*>(staged), mx_scales.data(), mx_scales.size());
-  const uint64_t all_rows = static_cast<uint64_t>(experts * rows);
-  char* block_scales = memory.allocate(sizeof(float) * all_rows / 64 * (cols / 128));
-  char* group_shifts = memory.allocate(all_rows * (cols / 32));
-  gemm::prepare_fp4_weights(reinterpret_cast<uint8_t*>(codes), static_cast<const uint8_t*>(staged),
-                            static_cast<uint32_t>(all_rows), static_cast<uint32_t>(cols),
-                            reinterpret_cast<float*>(block_scales), reinterpret_cast<uint8_t*>(group_shifts), nullptr);
-  const cudaError_t status = cudaDeviceSynchronize();
-  cudaFree(staged);
-  require(status == cudaSuccess, "DeviceWeights", "preparing fp8_fp4 weights failed: ", cudaGetErrorString(status));
-  scales = TensorView::contiguous(block_scales, DType::f32, {experts, rows / 64, cols / 128}, Device::cuda);
-  shifts = TensorView::contiguous(group_shifts, DType::u8, {cols / 128, experts * rows, 4}, Device::cuda);
+  struct FreeStaged {
+    void* pointer;
+    ~FreeStaged() { cudaFree(pointer); }
+  } free_staged{staged};
+  prepare_fp4_matrices(memory, codes, static_cast<const uint8_t*>(staged), experts, rows, cols, scales, shifts);
 }
 
 // Transforms `count` experts (fetched by `fetch(i)`) and stacks them into device tensors.
@@ -97,6 +91,20 @@ Stacked stack(DeviceWeights::Allocations& memory, Recipe recipe, int32_t hidden,
 }
 
 }  // namespace
+
+void prepare_fp4_matrices(DeviceWeights::Allocations& memory, char* codes, const uint8_t* mx_scales, int64_t experts,
+                          int64_t rows, int64_t cols, TensorView& scales, TensorView& shifts) {
+  const uint64_t all_rows = static_cast<uint64_t>(experts * rows);
+  char* block_scales = memory.allocate(sizeof(float) * all_rows / 64 * (cols / 128));
+  char* group_shifts = memory.allocate(all_rows * (cols / kMxBlock));
+  gemm::prepare_fp4_weights(reinterpret_cast<uint8_t*>(codes), mx_scales, static_cast<uint32_t>(all_rows),
+                            static_cast<uint32_t>(cols), reinterpret_cast<float*>(block_scales),
+                            reinterpret_cast<uint8_t*>(group_shifts), nullptr);
+  const cudaError_t status = cudaDeviceSynchronize();
+  require(status == cudaSuccess, "DeviceWeights", "preparing fp8_fp4 weights failed: ", cudaGetErrorString(status));
+  scales = TensorView::contiguous(block_scales, DType::f32, {experts, rows / 64, cols / 128}, Device::cuda);
+  shifts = TensorView::contiguous(group_shifts, DType::u8, {cols / 128, experts * rows, 4}, Device::cuda);
+}
 
 DeviceWeights::DeviceWeights(const Problem& problem, const WeightSource& source)
     : allocations_(std::make_unique<Allocations>()) {

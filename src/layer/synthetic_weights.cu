@@ -4,7 +4,7 @@
 // with the same MEGAMOE_HD functions, so the bits equal the host path's.
 #include <cuda_runtime_api.h>
 
-#include "kernels/gemm/fp4_scales.h"
+#include "layer/prepare_fp4.h"
 #include "megamoe/device_weights.h"
 #include "megamoe/error.h"
 #include "megamoe/synthetic.h"
@@ -166,17 +166,14 @@ std::unique_ptr<DeviceWeights> DeviceWeights::synthetic(const Problem& problem, 
     codes_view = TensorView::contiguous(m.codes, codes_type, {n, m.rows, packed ? m.cols / 2 : m.cols}, Device::cuda);
     if (packed) {
       cuda_ok(cudaMalloc(&m.mx_scales, elements / kMxBlock), "cudaMalloc of UE8M0 scales");
+      struct FreeScales {
+        uint8_t* pointer;
+        ~FreeScales() { cudaFree(pointer); }
+      } free_scales{m.mx_scales};
       generate_mx_scales<<<1024, 256>>>(m);
       cuda_ok(cudaGetLastError(), "generate_mx_scales launch");
-      const uint64_t rows = uint64_t{experts} * m.rows;
-      float* block_scales = reinterpret_cast<float*>(weights->allocate(sizeof(float) * rows / 64 * (m.cols / 128)));
-      uint8_t* shifts = reinterpret_cast<uint8_t*>(weights->allocate(elements / kMxBlock));
-      gemm::prepare_fp4_weights(m.codes, m.mx_scales, static_cast<uint32_t>(rows), m.cols, block_scales, shifts, nullptr);
-      const cudaError_t status = cudaDeviceSynchronize();
-      cudaFree(m.mx_scales);
-      cuda_ok(status, "preparing fp8_fp4 weights");
-      scales_view = TensorView::contiguous(block_scales, DType::f32, {n, m.rows / 64, m.cols / 128}, Device::cuda);
-      shifts_view = TensorView::contiguous(shifts, DType::u8, {m.cols / 128, n * m.rows, 4}, Device::cuda);
+      prepare_fp4_matrices(*weights->allocations_, reinterpret_cast<char*>(m.codes), m.mx_scales, n, m.rows, m.cols,
+                           scales_view, shifts_view);
     }
     if (f32_scales) {
       m.scales = reinterpret_cast<float*>(
