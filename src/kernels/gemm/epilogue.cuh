@@ -251,8 +251,7 @@ struct RoutedDestination {
   const PoolSource* sources;
   uint32_t top_k;
   uint32_t hidden;
-  __device__ uint16_t* row(uint32_t pool_row) const {
-    const PoolSource source = sources[pool_row];
+  __device__ uint16_t* row(const PoolSource& source) const {
     const uint64_t token = source.token_topk / top_k;
     const uint64_t k = source.token_topk % top_k;
     return reinterpret_cast<uint16_t*>(view.peers[source.rank] + combine_offset) + (token * (top_k + 1) + k) * hidden;
@@ -274,7 +273,15 @@ struct SlotDestination {
   RoutedDestination routed;
   SharedDestination shared;
   bool is_shared;
-  __device__ uint16_t* row(uint32_t pool_row) const { return is_shared ? shared.row(pool_row) : routed.row(pool_row); }
+  // What finding a row reads from global memory (a routed row's pool source), so that it can be
+  // loaded early and the row computed later without waiting on the load.
+  __device__ PoolSource lookup(uint32_t pool_row) const {
+    return is_shared ? PoolSource{} : routed.sources[pool_row];
+  }
+  __device__ uint16_t* row(uint32_t pool_row, const PoolSource& source) const {
+    return is_shared ? shared.row(pool_row) : routed.row(source);
+  }
+  __device__ uint16_t* row(uint32_t pool_row) const { return row(pool_row, lookup(pool_row)); }
 };
 
 // L2: BF16 rows of 256 output features per token, stored to destination.row(pool row) + 256 * m_tile.
@@ -284,13 +291,14 @@ struct StoreEpilogue {
   uint32_t n_out;  // features per row (hidden); a last partial tile stores only the valid ones
 
   // tokens_on_m stores each pass of staged rows with this thread copying 16-byte chunk `math_thread %
-  // 8` of tokens math_thread / 8 + 32j. Finding a routed row reads its pool source, so the rows of
-  // those tokens are found before the tile's mainloop.
+  // 8` of tokens math_thread / 8 + 32j. Finding a routed row reads its pool source: those loads are
+  // issued before the tile's mainloop, and the rows computed from them only in apply, so that no
+  // instruction waits on them before the wgmmas start.
   static constexpr uint32_t kCopyTokens = Config::kLayout == TileLayout::tokens_on_m
                                               ? Config::kBlockN * (Config::kPassBytes / 16) / Config::kMathThreads
                                               : 1;  // unused
   struct Prefetched {
-    uint16_t* rows[kCopyTokens];
+    PoolSource sources[kCopyTokens];
   };
   __device__ Prefetched prefetch(const Tile& tile, uint32_t warpgroup, uint32_t warp, uint32_t lane) const {
     Prefetched prefetched{};
@@ -299,8 +307,7 @@ struct StoreEpilogue {
 #pragma unroll
       for (uint32_t j = 0; j < kCopyTokens; ++j) {
         const uint32_t token = math_thread / 8 + 32 * j;
-        prefetched.rows[j] =
-            token < tile.rows ? destination.row(tile.row_begin + token) + tile.m_tile * Config::kBlockM : nullptr;
+        if (token < tile.rows) prefetched.sources[j] = destination.lookup(tile.row_begin + token);
       }
     }
     return prefetched;
@@ -350,9 +357,10 @@ struct StoreEpilogue {
         const uint32_t part = math_thread % 8;
 #pragma unroll
         for (uint32_t j = 0; j < kCopyTokens; ++j) {
-          if (prefetched.rows[j] == nullptr) continue;
           const uint32_t token = math_thread / 8 + 32 * j;
-          *reinterpret_cast<uint4*>(prefetched.rows[j] + 64 * pass + 8 * part) =
+          if (token >= tile.rows) continue;
+          uint16_t* row = destination.row(tile.row_begin + token, prefetched.sources[j]) + tile.m_tile * Config::kBlockM;
+          *reinterpret_cast<uint4*>(row + 64 * pass + 8 * part) =
               *reinterpret_cast<const uint4*>(staging + token * Config::kL2StagingStride + 16 * part);
         }
         math_barrier<Config>();

@@ -21,7 +21,9 @@ inline constexpr int kMathRegisters = Config::kConverterWarpgroups > 0 ? 216 : 2
 
 template <class Config, class Epilogue>
 __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmJobs<Epilogue> jobs) {
-  extern __shared__ uint8_t smem_raw[];
+  // Aligned for the 128-byte swizzle atoms: the compiler then folds SharedStorage's padding to zero
+  // and every stage address, hence every wgmma descriptor, to constants plus the stage offset.
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
   const MainloopArgs& first = jobs.job[0].args;
   if (first.watch.control != nullptr && device::rank_timed_out(first.watch.control)) return;
   const SharedStorage<Config> smem(smem_raw);
@@ -70,7 +72,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
   }
 
   ptx::setmaxnreg_increase<kMathRegisters<Config>>();
-  const uint32_t math_warpgroup = warpgroup - 1;
+  // Broadcast from lane 0 so the compiler knows it is warp-uniform (descriptors in uniform registers).
+  const uint32_t math_warpgroup = __shfl_sync(0xFFFFFFFFu, warpgroup - 1, 0);
   const uint32_t math_thread = thread - 128;
   RingPosition<Config::kStages> ring;
   float acc[2][Config::kAccRegs];

@@ -169,15 +169,36 @@ __device__ __forceinline__ float weight_scale(const MainloopArgs& args, uint32_t
 // Issues the wgmmas of one K block (kBlockK / kMmaK of them, 32 bytes of K each) of A · B into d and
 // commits them as one group; with `accumulate` false the first starts d from zero.
 template <class Config, class Mma, uint32_t kRegs>
-__device__ __forceinline__ void issue_k_block(uint64_t desc_a, uint64_t desc_b, float (&d)[kRegs], bool accumulate) {
+__device__ __forceinline__ void issue_k_block(ptx::SmemDescSw128 desc_a, ptx::SmemDescSw128 desc_b,
+                                              float (&d)[kRegs], bool accumulate) {
   constexpr uint32_t kMmasPerBlock = Config::kBlockK / Config::Policy::kMmaK;
-  constexpr uint64_t kDescKStep = 32 >> 4;  // 32 bytes of K, in descriptor units of 16 bytes
   ptx::fence_registers(d);
   ptx::wgmma_fence();
 #pragma unroll
   for (uint32_t kk = 0; kk < kMmasPerBlock; ++kk)
-    Mma::mma(desc_a + kk * kDescKStep, desc_b + kk * kDescKStep, d, accumulate || kk > 0);
+    Mma::mma(desc_a.plus(32 * kk).value(), desc_b.plus(32 * kk).value(), d, accumulate || kk > 0);
   ptx::wgmma_commit();
+}
+
+// Runs step(stage, phase, kb) for K blocks 0..k_blocks-1 over the ring. When the ring is at stage 0
+// and k_blocks fills whole ring passes (DeepSeek-V3's shapes), the stages are unrolled: every stage
+// index is then a constant, so shared-memory addresses and wgmma descriptors fold to constants
+// instead of being rebuilt (and moved to uniform registers) each K block. (Not for fp8_fp4, whose
+// math warpgroups have fewer registers: the unrolled loop spills there.)
+template <bool kUnroll, uint32_t kStages, class Step>
+__device__ __forceinline__ void for_each_k_block(RingPosition<kStages>& ring, uint32_t k_blocks, const Step& step) {
+  if (kUnroll && ring.stage == 0 && k_blocks % kStages == 0) {
+    for (uint32_t kb = 0; kb < k_blocks; kb += kStages) {
+#pragma unroll
+      for (uint32_t s = 0; s < kStages; ++s) step(s, ring.phase, kb + s);
+      ring.phase ^= 1;
+    }
+  } else {
+    for (uint32_t kb = 0; kb < k_blocks; ++kb) {
+      step(ring.stage, ring.phase, kb);
+      ring.advance();
+    }
+  }
 }
 
 // weights_on_m: acc[j] is m64 block j of this warpgroup's 128 weight rows x BLOCK_N tokens.
@@ -192,16 +213,16 @@ __device__ void consume_weights_on_m(const SharedStorage<Config>& smem, RingPosi
   const uint32_t first_row_block = (tile.group * args.n_out + tile.m_tile * Config::kBlockM) / 64 + 2 * warpgroup;
   const uint32_t group_row_blocks_end = (tile.group + 1) * args.n_out / 64;
 
-  for (uint32_t kb = 0; kb < args.k_blocks; ++kb) {
-    wait_barrier(smem.full(ring.stage), ring.phase, args.watch, ring.stage);
-    const uint64_t desc_tokens = ptx::smem_desc_sw128(smem.tokens(ring.stage));
+  const PipelineWatch watch = args.watch;
+  for_each_k_block<!Config::kPacked>(ring, args.k_blocks, [&](uint32_t stage, uint32_t phase, uint32_t kb) {
+    wait_barrier(smem.full(stage), phase, watch, stage);
+    const ptx::SmemDescSw128 desc_tokens = smem.tokens_desc(stage);
     if constexpr (Policy::kScaled) {
-      const float* act_scales = smem.act_scales(ring.stage) + (tile.row_begin & (Config::kScaleAlignRows - 1));
+      const float* act_scales = smem.act_scales(stage) + (tile.row_begin & (Config::kScaleAlignRows - 1));
       float partial[Config::kAccRegs];
 #pragma unroll
       for (uint32_t j = 0; j < 2; ++j) {
-        const uint64_t desc_weights =
-            ptx::smem_desc_sw128(smem.weights(ring.stage) + (2 * warpgroup + j) * kM64Bytes);
+        const ptx::SmemDescSw128 desc_weights = smem.weights_desc(stage).plus((2 * warpgroup + j) * kM64Bytes);
         issue_k_block<Config, Mma>(desc_weights, desc_tokens, partial, false);
         ptx::wgmma_wait<0>();
         ptx::fence_registers(partial);
@@ -218,16 +239,15 @@ __device__ void consume_weights_on_m(const SharedStorage<Config>& smem, RingPosi
     } else {
 #pragma unroll
       for (uint32_t j = 0; j < 2; ++j) {
-        const uint64_t desc_weights =
-            ptx::smem_desc_sw128(smem.weights(ring.stage) + (2 * warpgroup + j) * kM64Bytes);
+        const ptx::SmemDescSw128 desc_weights = smem.weights_desc(stage).plus((2 * warpgroup + j) * kM64Bytes);
         issue_k_block<Config, Mma>(desc_weights, desc_tokens, acc[j], kb > 0);
       }
       ptx::wgmma_wait<0>();
       ptx::fence_registers(acc[0]);
       ptx::fence_registers(acc[1]);
     }
-    release_stage(smem, ring, lane);
-  }
+    release_stage_at(smem, stage, lane);
+  });
 }
 
 // tokens_on_m, scaled recipes: each K block runs the 256 weight rows as two n128 halves through one
@@ -244,24 +264,29 @@ __device__ void consume_tokens_on_m_scaled(const SharedStorage<Config>& smem, Ri
   const uint32_t group_row_blocks_end = (tile.group + 1) * args.n_out / 64;
   const uint32_t token = 64 * warpgroup + 16 * warp + lane / 4;
   const uint32_t scale_row = (tile.row_begin & (Config::kScaleAlignRows - 1)) + token;
+  // The tile's four 64-row weight blocks' scales, walked along K (one pointer, a fixed stride);
+  // blocks past the group's end (a partial last tile) read none and contribute zero.
+  const uint32_t k_blocks = args.k_blocks;
+  const uint32_t valid_blocks = min(4u, group_row_blocks_end - first_row_block);
+  const float* block_scales = args.weight_scales + first_row_block * k_blocks;
+  const PipelineWatch watch = args.watch;
 
   float partial[Config::kAccRegs];
-  for (uint32_t kb = 0; kb < args.k_blocks; ++kb) {
-    float row_scales[4];  // the tile's four 64-row weight blocks; loaded before the wait
+  for_each_k_block<!Config::kPacked>(ring, k_blocks, [&](uint32_t stage, uint32_t phase, uint32_t kb) {
+    float row_scales[4];  // loaded before the wait
 #pragma unroll
-    for (uint32_t b = 0; b < 4; ++b) row_scales[b] = weight_scale(args, first_row_block + b, group_row_blocks_end, kb);
-    wait_barrier(smem.full(ring.stage), ring.phase, args.watch, ring.stage);
-    const uint64_t desc_tokens = ptx::smem_desc_sw128(smem.tokens(ring.stage) + warpgroup * 64 * Config::kRowBytes);
-    const float* act_scales = smem.act_scales(ring.stage) + scale_row;
+    for (uint32_t b = 0; b < 4; ++b) row_scales[b] = b < valid_blocks ? __ldg(block_scales + b * k_blocks + kb) : 0.0f;
+    wait_barrier(smem.full(stage), phase, watch, stage);
+    const ptx::SmemDescSw128 desc_tokens = smem.tokens_desc(stage, 64 * warpgroup);
+    const float* act_scales = smem.act_scales(stage) + scale_row;
     const float act_scale[2] = {act_scales[0], act_scales[8]};
 #pragma unroll
     for (uint32_t h = 0; h < 2; ++h) {
-      const uint64_t desc_weights = ptx::smem_desc_sw128(smem.weights(ring.stage) + h * kHalfBytes);
-      issue_k_block<Config, Mma>(desc_tokens, desc_weights, partial, false);
+      issue_k_block<Config, Mma>(desc_tokens, smem.weights_desc(stage).plus(h * kHalfBytes), partial, false);
       ptx::wgmma_wait<0>();
       ptx::fence_registers(partial);
       // The scales are in registers: the producer may refill the stage while the last half is promoted.
-      if (h == 1) release_stage(smem, ring, lane);
+      if (h == 1) release_stage_at(smem, stage, lane);
       // Register i holds column 8 (i / 4) + ...: the first 32 lie in weight block 2h, the rest in 2h + 1;
       // registers with i % 4 >= 2 hold the token 8 rows further down.
       const float scale[2][2] = {{act_scale[0] * row_scales[2 * h], act_scale[1] * row_scales[2 * h]},
@@ -269,7 +294,7 @@ __device__ void consume_tokens_on_m_scaled(const SharedStorage<Config>& smem, Ri
 #pragma unroll
       for (uint32_t i = 0; i < Config::kAccRegs; ++i) acc[h][i] += partial[i] * scale[i / 32][(i % 4) / 2];
     }
-  }
+  });
 }
 
 // tokens_on_m, unscaled recipes: one n256 wgmma per K slice (an n256 accumulator's registers 0..63
@@ -282,19 +307,17 @@ __device__ void consume_tokens_on_m_unscaled(const SharedStorage<Config>& smem, 
                                              float (&acc)[2][Config::kAccRegs]) {
   using Mma = typename Config::Policy::template Mma<2 * 128>;
   float(&tile_acc)[2 * Config::kAccRegs] = reinterpret_cast<float(&)[2 * Config::kAccRegs]>(acc);
+  const PipelineWatch watch = args.watch;
   uint32_t held_stage = 0;
-  for (uint32_t kb = 0; kb < args.k_blocks; ++kb) {
-    wait_barrier(smem.full(ring.stage), ring.phase, args.watch, ring.stage);
-    const uint32_t stage = ring.stage;
-    ring.advance();
-    const uint64_t desc_tokens = ptx::smem_desc_sw128(smem.tokens(stage) + warpgroup * 64 * Config::kRowBytes);
-    issue_k_block<Config, Mma>(desc_tokens, ptx::smem_desc_sw128(smem.weights(stage)), tile_acc, kb > 0);
+  for_each_k_block<true>(ring, args.k_blocks, [&](uint32_t stage, uint32_t phase, uint32_t kb) {
+    wait_barrier(smem.full(stage), phase, watch, stage);
+    issue_k_block<Config, Mma>(smem.tokens_desc(stage, 64 * warpgroup), smem.weights_desc(stage), tile_acc, kb > 0);
     if (kb > 0) {
       ptx::wgmma_wait<1>();  // K block kb - 1's group
       release_stage_at(smem, held_stage, lane);
     }
     held_stage = stage;
-  }
+  });
   ptx::wgmma_wait<0>();
   ptx::fence_registers(tile_acc);
   release_stage_at(smem, held_stage, lane);

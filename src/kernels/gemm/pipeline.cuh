@@ -14,6 +14,7 @@
 #include "kernels/comm/sync.cuh"
 #include "kernels/gemm/e2m1.cuh"
 #include "kernels/gemm/scheduler.cuh"
+#include "kernels/ptx/wgmma.cuh"
 #include "megamoe/config.h"
 #include "megamoe/layout.h"
 
@@ -113,10 +114,24 @@ struct GemmConfig {
 
 template <class Config>
 struct SharedStorage {
-  uint8_t* base;
+  uint8_t* base;          // 1024-byte aligned (swizzle atoms)
+  uint32_t base_address;  // the same, as a shared-window address (wgmma descriptors)
 
-  __device__ explicit SharedStorage(uint8_t* raw)
-      : base(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023})) {}
+  // `raw` is the kernel's dynamic shared memory: base stays pointer arithmetic on it, so the compiler
+  // keeps every access a shared one (LDS/STS) instead of falling back to generic loads and stores.
+  __device__ explicit SharedStorage(uint8_t* raw) {
+    const uint32_t raw_address = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
+    const uint32_t padding = (1024 - raw_address % 1024) % 1024;
+    base = raw + padding;
+    base_address = raw_address + padding;
+  }
+  // wgmma descriptors of a stage's weight tile and of its token tile from row `row` on.
+  __device__ ptx::SmemDescSw128 weights_desc(uint32_t stage) const {
+    return desc_at(Config::kWeightOffset / 16 + stage * (Config::kWeightBytes / 16));
+  }
+  __device__ ptx::SmemDescSw128 tokens_desc(uint32_t stage, uint32_t row = 0) const {
+    return desc_at(Config::kTokenOffset / 16 + stage * (Config::kTokenBytes / 16) + row * (Config::kRowBytes / 16));
+  }
   __device__ uint8_t* weights(uint32_t stage) const {
     return base + Config::kWeightOffset + stage * Config::kWeightBytes;
   }
@@ -139,6 +154,12 @@ struct SharedStorage {
   __device__ uint32_t* scheduler() const { return reinterpret_cast<uint32_t*>(base + Config::kSchedulerOffset); }
   __device__ float* exchange() const { return reinterpret_cast<float*>(base + Config::kExchangeOffset); }
   __device__ uint8_t* staging() const { return base + Config::kStagingOffset; }
+
+ private:
+  // Offsets in 16-byte units, so that a stage's descriptor is one multiply-add on the base's.
+  __device__ ptx::SmemDescSw128 desc_at(uint32_t offset_units) const {
+    return {ptx::SmemDescSw128::at(base_address).low + offset_units};
+  }
 };
 
 // Position in the stage ring; the phase bit flips each time the ring wraps.

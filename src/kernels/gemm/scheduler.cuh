@@ -2,6 +2,9 @@
 //
 // Group g (a local expert) owns pool rows [rows[g], rows[g+1]); its tiles are (m tile of the weight
 // rows, n tile of BLOCK_N tokens), m-major so that consecutive tiles reuse one weight tile from L2.
+// A large group is walked in bands of kBandTokenTiles token tiles (all m tiles of one band, then the
+// next band): the band's tokens stay in L2 while its weight tiles go by, instead of every token
+// tile being evicted and fetched again for each m tile.
 // Empty groups have no tiles. Every CTA builds the per-group tile prefix in shared memory from the
 // device-side row offsets (the host never reads them) and walks tiles blockIdx.x, +gridDim.x, ...
 //
@@ -16,6 +19,7 @@
 namespace megamoe::gemm {
 
 inline constexpr uint32_t kMaxGroups = 1024;
+inline constexpr uint32_t kBandTokenTiles = 8;
 
 // Where a grouped GEMM finds its groups' rows: a device prefix array of num_groups + 1 offsets, or
 // (prefix == nullptr) a single group of `fixed_rows` rows starting at row 0.
@@ -93,7 +97,7 @@ struct TileScheduler {
 
   __device__ Tile tile(uint32_t index) const {
     const uint32_t first_tiles = first_job_tiles();
-    if (index >= first_tiles) return split(1, 0, index - first_tiles, 0, second_rows);
+    if (index >= first_tiles) return split(1, 0, index - first_tiles, 0, second_rows, second_m_tiles);
     // The last group whose first tile is <= index (empty groups share their successor's start).
     uint32_t low = 0, high = num_groups - 1;
     while (low < high) {
@@ -101,18 +105,23 @@ struct TileScheduler {
       if (tile_prefix[mid] <= index) low = mid;
       else high = mid - 1;
     }
-    return split(0, low, index - tile_prefix[low], group_begin[low], group_begin[low + 1] - group_begin[low]);
+    return split(0, low, index - tile_prefix[low], group_begin[low], group_begin[low + 1] - group_begin[low],
+                 m_tiles);
   }
 
  private:
-  // Tile `local` of a group of `rows` rows starting at pool row `row_begin`.
-  __device__ static Tile split(uint32_t job, uint32_t group, uint32_t local, uint32_t row_begin, uint32_t rows) {
+  // Tile `local` of a group of `rows` rows starting at pool row `row_begin`, with `m_tiles` m tiles.
+  __device__ static Tile split(uint32_t job, uint32_t group, uint32_t local, uint32_t row_begin, uint32_t rows,
+                               uint32_t m_tiles) {
     const uint32_t n_tiles = (rows + kBlockN - 1) / kBlockN;
+    const uint32_t band = local / (m_tiles * kBandTokenTiles);
+    const uint32_t band_tiles = min(kBandTokenTiles, n_tiles - band * kBandTokenTiles);
+    const uint32_t in_band = local - band * m_tiles * kBandTokenTiles;
     Tile tile;
     tile.job = job;
     tile.group = group;
-    tile.m_tile = local / n_tiles;
-    const uint32_t n_tile = local % n_tiles;
+    tile.m_tile = in_band / band_tiles;
+    const uint32_t n_tile = band * kBandTokenTiles + in_band % band_tiles;
     tile.row_begin = row_begin + n_tile * kBlockN;
     const uint32_t remaining = rows - n_tile * kBlockN;
     tile.rows = remaining < kBlockN ? remaining : kBlockN;

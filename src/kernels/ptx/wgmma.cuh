@@ -12,17 +12,23 @@
 
 namespace megamoe::ptx {
 
-// Shared-memory matrix descriptor for a K-major operand with 128-byte swizzle. `tile` must lie in a
-// 1024-byte aligned atom (base offset 0); adding k * 32 bytes selects the k-th 32-byte K slice.
-MEGAMOE_DEVICE uint64_t smem_desc_sw128(const void* tile) {
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
-  uint64_t desc = 0;
-  desc |= static_cast<uint64_t>((address & 0x3FFFF) >> 4);  // start address
-  desc |= static_cast<uint64_t>(1) << 16;                   // leading byte offset: unused when swizzled
-  desc |= static_cast<uint64_t>(1024 >> 4) << 32;           // stride byte offset: one 8-row atom
-  desc |= static_cast<uint64_t>(1) << 62;                   // layout: 128-byte swizzle
-  return desc;
-}
+// Shared-memory matrix descriptor for a K-major operand with 128-byte swizzle. The tile must lie in
+// a 1024-byte aligned atom (base offset 0); k * 32 bytes further selects the k-th 32-byte K slice.
+// Only the low word (start address, leading byte offset) differs between tiles and K slices, so it
+// is kept as 32 bits: stepping through stages and slices is one add, with no 64-bit carries.
+struct SmemDescSw128 {
+  static constexpr uint32_t kHigh = (1024 >> 4)       // stride byte offset: one 8-row atom
+                                    | (1u << 30);     // layout (bit 62): 128-byte swizzle
+  uint32_t low;
+
+  // `address` is a shared-window address (__cvta_generic_to_shared).
+  MEGAMOE_DEVICE static SmemDescSw128 at(uint32_t address) {
+    return {(address & 0x3FFFF) >> 4          // start address
+            | 1u << 16};                      // leading byte offset: unused when swizzled
+  }
+  MEGAMOE_DEVICE SmemDescSw128 plus(uint32_t bytes) const { return {low + (bytes >> 4)}; }
+  MEGAMOE_DEVICE uint64_t value() const { return static_cast<uint64_t>(kHigh) << 32 | low; }
+};
 
 // Orders this thread's register accesses to accumulators before the next wgmma reads them.
 MEGAMOE_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
