@@ -46,14 +46,15 @@ __device__ __forceinline__ uint32_t to_bf16x2_bits(float low, float high) {
   return uint32_t{to_bf16_bits(low)} | (uint32_t{to_bf16_bits(high)} << 16);
 }
 
-// Copies the staged rows of the tile's valid tokens out in 16-byte chunks: `destination(token, part)`
-// gives the address of chunk `part` of that token's row, or nullptr to skip it.
-template <class Config, uint32_t kRowBytes, class Destination>
-__device__ __forceinline__ void store_staged_rows(const uint8_t* staging, uint32_t stride, uint32_t rows,
-                                                  uint32_t math_thread, const Destination& destination) {
+// Copies staged rows [first_token, first_token + kTokens) of the tile's valid tokens (< rows) out in
+// 16-byte chunks, thread `thread` of kThreads: `destination(token, part)` gives the address of chunk
+// `part` of that token's row, or nullptr to skip it.
+template <uint32_t kTokens, uint32_t kThreads, uint32_t kRowBytes, class Destination>
+__device__ __forceinline__ void store_staged_rows(const uint8_t* staging, uint32_t stride, uint32_t first_token,
+                                                  uint32_t rows, uint32_t thread, const Destination& destination) {
   constexpr uint32_t kChunksPerRow = kRowBytes / 16;
-  for (uint32_t chunk = math_thread; chunk < Config::kBlockN * kChunksPerRow; chunk += Config::kMathThreads) {
-    const uint32_t token = chunk / kChunksPerRow;
+  for (uint32_t chunk = thread; chunk < kTokens * kChunksPerRow; chunk += kThreads) {
+    const uint32_t token = first_token + chunk / kChunksPerRow;
     const uint32_t part = chunk % kChunksPerRow;
     if (token >= rows) continue;
     uint4* address = destination(token, part);
@@ -99,7 +100,7 @@ struct SwigluEpilogue {
     if constexpr (Config::kLayout == TileLayout::weights_on_m) {
       stage_weights_on_m(smem, tile, acc, warpgroup, warp, lane, math_thread);
       math_barrier<Config>();
-      store_staged_channels(smem, tile, math_thread, 0);
+      store_staged_channels<Config::kBlockN, Config::kMathThreads>(smem, tile, 0, math_thread, 0);
       math_barrier<Config>();  // staging is free for the next tile
     } else {
       float inverse_scales[2];
@@ -110,19 +111,22 @@ struct SwigluEpilogue {
 #pragma unroll
         for (uint32_t q = 0; q < kHalvesPerPass; ++q)
           stage_tokens_on_m(smem, acc[pass * kHalvesPerPass + q], 64 * q, warpgroup, warp, lane, inverse_scales);
-        math_barrier<Config>();
-        store_staged_channels(smem, tile, math_thread, Config::kL1StagingChannels * pass);
-        math_barrier<Config>();
+        warpgroup_barrier(warpgroup);
+        store_staged_channels<64, 128>(smem, tile, 64 * warpgroup, math_thread % 128,
+                                       Config::kL1StagingChannels * pass);
+        warpgroup_barrier(warpgroup);
       }
     }
   }
 
-  // Stores the staged channels [first, first + kL1StagingChannels) of each valid token's output row.
-  __device__ void store_staged_channels(const SharedStorage<Config>& smem, const Tile& tile, uint32_t math_thread,
-                                        uint32_t first_channel) const {
+  // Stores the staged channels [first, first + kL1StagingChannels) of valid tokens [first_token,
+  // first_token + kTokens)'s output rows, thread `thread` of kThreads.
+  template <uint32_t kTokens, uint32_t kThreads>
+  __device__ void store_staged_channels(const SharedStorage<Config>& smem, const Tile& tile, uint32_t first_token,
+                                        uint32_t thread, uint32_t first_channel) const {
     constexpr uint32_t kBytes = Config::kL1StagingChannels * Policy::kElementBytes;
-    store_staged_rows<Config, kBytes>(smem.staging(), Config::kL1StagingStride, tile.rows, math_thread,
-                                      [&](uint32_t token, uint32_t part) {
+    store_staged_rows<kTokens, kThreads, kBytes>(smem.staging(), Config::kL1StagingStride, first_token, tile.rows,
+                                                 thread, [&](uint32_t token, uint32_t part) {
                                         const uint64_t row = tile.row_begin + token;
                                         return reinterpret_cast<uint4*>(
                                             static_cast<uint8_t*>(out) +
@@ -290,23 +294,21 @@ struct StoreEpilogue {
   SlotDestination destination;
   uint32_t n_out;  // features per row (hidden); a last partial tile stores only the valid ones
 
-  // tokens_on_m stores each pass of staged rows with this thread copying 16-byte chunk `math_thread %
-  // 8` of tokens math_thread / 8 + 32j. Finding a routed row reads its pool source: those loads are
-  // issued before the tile's mainloop, and the rows computed from them only in apply, so that no
-  // instruction waits on them before the wgmmas start.
-  static constexpr uint32_t kCopyTokens = Config::kLayout == TileLayout::tokens_on_m
-                                              ? Config::kBlockN * (Config::kPassBytes / 16) / Config::kMathThreads
-                                              : 1;  // unused
+  // tokens_on_m: each warpgroup stores its own 64 tokens' staged rows, thread t of the warpgroup
+  // copying 16-byte chunk t % 8 of tokens 64w + t / 8 + 16j. Finding a routed row reads its pool
+  // source: those loads are issued before the tile's mainloop, and the rows computed from them only
+  // in apply, so that no instruction waits on them before the wgmmas start.
+  static constexpr uint32_t kCopyTokens = 64 * (Config::kPassBytes / 16) / 128;
   struct Prefetched {
     PoolSource sources[kCopyTokens];
   };
   __device__ Prefetched prefetch(const Tile& tile, uint32_t warpgroup, uint32_t warp, uint32_t lane) const {
     Prefetched prefetched{};
     if constexpr (Config::kLayout == TileLayout::tokens_on_m) {
-      const uint32_t math_thread = 128 * warpgroup + 32 * warp + lane;
+      const uint32_t thread = 32 * warp + lane;
 #pragma unroll
       for (uint32_t j = 0; j < kCopyTokens; ++j) {
-        const uint32_t token = math_thread / 8 + 32 * j;
+        const uint32_t token = 64 * warpgroup + thread / 8 + 16 * j;
         if (token < tile.rows) prefetched.sources[j] = destination.lookup(tile.row_begin + token);
       }
     }
@@ -329,7 +331,8 @@ struct StoreEpilogue {
         }
       math_barrier<Config>();
       const uint32_t first_feature = tile.m_tile * Config::kBlockM;
-      store_staged_rows<Config, Config::kBlockM * 2>(staging, Config::kL2StagingStride, tile.rows, math_thread,
+      store_staged_rows<Config::kBlockN, Config::kMathThreads, Config::kBlockM * 2>(
+          staging, Config::kL2StagingStride, 0, tile.rows, math_thread,
                                                      [&](uint32_t token, uint32_t part) -> uint4* {
                                                        if (first_feature + part * 8 >= n_out) return nullptr;
                                                        return reinterpret_cast<uint4*>(
@@ -342,6 +345,16 @@ struct StoreEpilogue {
       uint8_t* staging = smem.staging();
       const uint32_t token0 = 64 * warpgroup + 16 * warp + lane / 4;
       const uint32_t valid_features = n_out - tile.m_tile * Config::kBlockM;
+      // The rows this thread copies, found once for all four passes.
+      const uint32_t thread = 32 * warp + lane, part = thread % 8;
+      uint16_t* rows[kCopyTokens];
+#pragma unroll
+      for (uint32_t j = 0; j < kCopyTokens; ++j) {
+        const uint32_t token = 64 * warpgroup + thread / 8 + 16 * j;
+        rows[j] = token < tile.rows ? destination.row(tile.row_begin + token, prefetched.sources[j]) +
+                                          tile.m_tile * Config::kBlockM
+                                    : nullptr;
+      }
 #pragma unroll
       for (uint32_t pass = 0; pass < 4; ++pass) {
         if (64 * pass >= valid_features) break;  // the same for every thread
@@ -353,17 +366,15 @@ struct StoreEpilogue {
                                        2 * (pair_column(i, lane) - 64 * (pass % 2))) =
               to_bf16x2_bits(acc[h][i], acc[h][i + 1]);
         }
-        math_barrier<Config>();
-        const uint32_t part = math_thread % 8;
+        warpgroup_barrier(warpgroup);
 #pragma unroll
         for (uint32_t j = 0; j < kCopyTokens; ++j) {
-          const uint32_t token = math_thread / 8 + 32 * j;
-          if (token >= tile.rows) continue;
-          uint16_t* row = destination.row(tile.row_begin + token, prefetched.sources[j]) + tile.m_tile * Config::kBlockM;
-          *reinterpret_cast<uint4*>(row + 64 * pass + 8 * part) =
+          if (rows[j] == nullptr) continue;
+          const uint32_t token = 64 * warpgroup + thread / 8 + 16 * j;
+          *reinterpret_cast<uint4*>(rows[j] + 64 * pass + 8 * part) =
               *reinterpret_cast<const uint4*>(staging + token * Config::kL2StagingStride + 16 * part);
         }
-        math_barrier<Config>();
+        warpgroup_barrier(warpgroup);
       }
     }
   }

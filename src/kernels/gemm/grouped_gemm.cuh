@@ -78,11 +78,18 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
   RingPosition<Config::kStages> ring;
   float acc[2][Config::kAccRegs];
   const uint32_t num_tiles = scheduler.num_tiles();
+  // tokens_on_m: warpgroup 1 starts kStaggerKBlocks behind warpgroup 0 (pipeline.cuh).
+  constexpr bool kStaggered = Config::kLayout == TileLayout::tokens_on_m;
+  constexpr uint32_t kNoStagger = ~0u;
+  if (kStaggered && math_warpgroup == 1 && blockIdx.x < num_tiles) stagger_wait();
   for (uint32_t index = blockIdx.x; index < num_tiles; index += gridDim.x) {
     const Tile tile = scheduler.tile(index);
     const GemmJob<Epilogue>& job = jobs.job[tile.job];
     const auto prefetched = job.epilogue.prefetch(tile, math_warpgroup, warp, lane);
-    consume_tile<Config>(smem, ring, tile, job.args, math_warpgroup, warp, lane, acc);
+    const uint32_t stagger_kb = kStaggered && math_warpgroup == 0 && index == blockIdx.x
+                                    ? min(kStaggerKBlocks, job.args.k_blocks - 1)
+                                    : kNoStagger;
+    consume_tile<Config>(smem, ring, tile, job.args, math_warpgroup, warp, lane, stagger_kb, acc);
     job.epilogue.apply(smem, tile, acc, prefetched, math_warpgroup, warp, lane, math_thread);
   }
   // Results may have gone to peers' buffers: make them visible system-wide before whatever barrier

@@ -257,7 +257,8 @@ __device__ void consume_weights_on_m(const SharedStorage<Config>& smem, RingPosi
 template <class Config>
 __device__ void consume_tokens_on_m_scaled(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
                                            const Tile& tile, const MainloopArgs& args, uint32_t warpgroup,
-                                           uint32_t warp, uint32_t lane, float (&acc)[2][Config::kAccRegs]) {
+                                           uint32_t warp, uint32_t lane, uint32_t stagger_kb,
+                                           float (&acc)[2][Config::kAccRegs]) {
   using Mma = typename Config::Policy::template Mma<128>;
   constexpr uint32_t kHalfBytes = 128 * Config::kRowBytes;
   const uint32_t first_row_block = (tile.group * args.n_out + tile.m_tile * Config::kBlockM) / 64;
@@ -273,6 +274,7 @@ __device__ void consume_tokens_on_m_scaled(const SharedStorage<Config>& smem, Ri
 
   float partial[Config::kAccRegs];
   for_each_k_block<!Config::kPacked>(ring, k_blocks, [&](uint32_t stage, uint32_t phase, uint32_t kb) {
+    if (kb == stagger_kb) stagger_arrive();
     float row_scales[4];  // loaded before the wait
 #pragma unroll
     for (uint32_t b = 0; b < 4; ++b) row_scales[b] = b < valid_blocks ? __ldg(block_scales + b * k_blocks + kb) : 0.0f;
@@ -304,12 +306,13 @@ __device__ void consume_tokens_on_m_scaled(const SharedStorage<Config>& smem, Ri
 template <class Config>
 __device__ void consume_tokens_on_m_unscaled(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
                                              const MainloopArgs& args, uint32_t warpgroup, uint32_t lane,
-                                             float (&acc)[2][Config::kAccRegs]) {
+                                             uint32_t stagger_kb, float (&acc)[2][Config::kAccRegs]) {
   using Mma = typename Config::Policy::template Mma<2 * 128>;
   float(&tile_acc)[2 * Config::kAccRegs] = reinterpret_cast<float(&)[2 * Config::kAccRegs]>(acc);
   const PipelineWatch watch = args.watch;
   uint32_t held_stage = 0;
   for_each_k_block<true>(ring, args.k_blocks, [&](uint32_t stage, uint32_t phase, uint32_t kb) {
+    if (kb == stagger_kb) stagger_arrive();
     wait_barrier(smem.full(stage), phase, watch, stage);
     issue_k_block<Config, Mma>(smem.tokens_desc(stage, 64 * warpgroup), smem.weights_desc(stage), tile_acc, kb > 0);
     if (kb > 0) {
@@ -328,7 +331,7 @@ __device__ void consume_tokens_on_m_unscaled(const SharedStorage<Config>& smem, 
 template <class Config>
 __device__ void consume_tokens_on_m(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
                                     const Tile& tile, const MainloopArgs& args, uint32_t warpgroup, uint32_t warp,
-                                    uint32_t lane, float (&acc)[2][Config::kAccRegs]) {
+                                    uint32_t lane, uint32_t stagger_kb, float (&acc)[2][Config::kAccRegs]) {
   // A last partial tile may leave this warpgroup's 64 tokens empty: it skips the wgmmas, so the tile
   // costs the other warpgroup's half of the tensor-core time.
   if (64 * warpgroup >= tile.rows) {
@@ -339,16 +342,16 @@ __device__ void consume_tokens_on_m(const SharedStorage<Config>& smem, RingPosit
     return;
   }
   if constexpr (Config::Policy::kScaled)
-    consume_tokens_on_m_scaled<Config>(smem, ring, tile, args, warpgroup, warp, lane, acc);
+    consume_tokens_on_m_scaled<Config>(smem, ring, tile, args, warpgroup, warp, lane, stagger_kb, acc);
   else
-    consume_tokens_on_m_unscaled<Config>(smem, ring, args, warpgroup, lane, acc);
+    consume_tokens_on_m_unscaled<Config>(smem, ring, args, warpgroup, lane, stagger_kb, acc);
 }
 
 // Accumulates one tile into acc (FP32), in the layout of the config.
 template <class Config>
 __device__ void consume_tile(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
                              const Tile& tile, const MainloopArgs& args, uint32_t warpgroup, uint32_t warp,
-                             uint32_t lane, float (&acc)[2][Config::kAccRegs]) {
+                             uint32_t lane, uint32_t stagger_kb, float (&acc)[2][Config::kAccRegs]) {
 #pragma unroll
   for (uint32_t j = 0; j < 2; ++j)
 #pragma unroll
@@ -356,7 +359,7 @@ __device__ void consume_tile(const SharedStorage<Config>& smem, RingPosition<Con
   if constexpr (Config::kLayout == TileLayout::weights_on_m)
     consume_weights_on_m<Config>(smem, ring, tile, args, warpgroup, lane, acc);
   else
-    consume_tokens_on_m<Config>(smem, ring, tile, args, warpgroup, warp, lane, acc);
+    consume_tokens_on_m<Config>(smem, ring, tile, args, warpgroup, warp, lane, stagger_kb, acc);
 }
 
 }  // namespace megamoe::gemm

@@ -229,4 +229,18 @@ __device__ __forceinline__ void math_barrier() {
   asm volatile("bar.sync 1, %0;" ::"n"(Config::kMathThreads) : "memory");
 }
 
+// Barrier within one math warpgroup (named barriers 2 and 3): tokens_on_m epilogues touch only
+// their own warpgroup's token rows, so the two warpgroups never wait for each other there.
+__device__ __forceinline__ void warpgroup_barrier(uint32_t math_warpgroup) {
+  asm volatile("bar.sync %0, 128;" ::"r"(2 + math_warpgroup) : "memory");
+}
+
+// tokens_on_m staggers the math warpgroups by kStaggerKBlocks K blocks (named barrier 4):
+// warpgroup 1 starts once warpgroup 0 has begun its first tile's K block kStaggerKBlocks. The ring
+// keeps them within kStages of each other, so the lag persists, and each one's epilogue then
+// overlaps the other's wgmmas instead of both leaving the tensor cores idle at once.
+inline constexpr uint32_t kStaggerKBlocks = 2;
+__device__ __forceinline__ void stagger_arrive() { asm volatile("bar.arrive 4, 256;" ::: "memory"); }
+__device__ __forceinline__ void stagger_wait() { asm volatile("bar.sync 4, 256;" ::: "memory"); }
+
 }  // namespace megamoe::gemm
