@@ -167,7 +167,7 @@ template <uint32_t kStages>
 struct RingPosition {
   uint32_t stage = 0;
   uint32_t phase = 0;
-  __device__ void advance() {
+  __host__ __device__ void advance() {
     if (++stage == kStages) {
       stage = 0;
       phase ^= 1;

@@ -21,6 +21,20 @@ namespace megamoe::gemm {
 inline constexpr uint32_t kMaxGroups = 1024;
 inline constexpr uint32_t kBandTokenTiles = 8;
 
+// Where tile `local` of a group with n_tiles token tiles and m_tiles weight tiles lies: bands of
+// kBandTokenTiles token tiles, each walked m-major (the last band may hold fewer token tiles).
+struct TileCoords {
+  uint32_t m_tile;
+  uint32_t n_tile;
+};
+__host__ __device__ constexpr TileCoords banded_tile(uint32_t local, uint32_t n_tiles, uint32_t m_tiles) {
+  const uint32_t band = local / (m_tiles * kBandTokenTiles);
+  const uint32_t band_tiles =
+      n_tiles - band * kBandTokenTiles < kBandTokenTiles ? n_tiles - band * kBandTokenTiles : kBandTokenTiles;
+  const uint32_t in_band = local - band * m_tiles * kBandTokenTiles;
+  return {in_band / band_tiles, band * kBandTokenTiles + in_band % band_tiles};
+}
+
 // Where a grouped GEMM finds its groups' rows: a device prefix array of num_groups + 1 offsets, or
 // (prefix == nullptr) a single group of `fixed_rows` rows starting at row 0.
 struct GroupRows {
@@ -113,15 +127,12 @@ struct TileScheduler {
   // Tile `local` of a group of `rows` rows starting at pool row `row_begin`, with `m_tiles` m tiles.
   __device__ static Tile split(uint32_t job, uint32_t group, uint32_t local, uint32_t row_begin, uint32_t rows,
                                uint32_t m_tiles) {
-    const uint32_t n_tiles = (rows + kBlockN - 1) / kBlockN;
-    const uint32_t band = local / (m_tiles * kBandTokenTiles);
-    const uint32_t band_tiles = min(kBandTokenTiles, n_tiles - band * kBandTokenTiles);
-    const uint32_t in_band = local - band * m_tiles * kBandTokenTiles;
+    const TileCoords coords = banded_tile(local, (rows + kBlockN - 1) / kBlockN, m_tiles);
     Tile tile;
     tile.job = job;
     tile.group = group;
-    tile.m_tile = in_band / band_tiles;
-    const uint32_t n_tile = band * kBandTokenTiles + in_band % band_tiles;
+    tile.m_tile = coords.m_tile;
+    const uint32_t n_tile = coords.n_tile;
     tile.row_begin = row_begin + n_tile * kBlockN;
     const uint32_t remaining = rows - n_tile * kBlockN;
     tile.rows = remaining < kBlockN ? remaining : kBlockN;

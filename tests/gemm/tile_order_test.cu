@@ -1,0 +1,79 @@
+// The order in which the grouped GEMM walks tiles and K blocks (no GPU needed): the banded tile
+// raster of a group, and the stage ring's bookkeeping with and without the unrolled ring passes.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "kernels/gemm/mainloop.cuh"
+
+namespace megamoe::gemm {
+namespace {
+
+TEST(TileOrder, BandsCoverEveryTileOnce) {
+  for (uint32_t m_tiles : {1u, 2u, 16u, 28u}) {
+    for (uint32_t n_tiles = 1; n_tiles <= 3 * kBandTokenTiles + 3; ++n_tiles) {
+      std::set<std::pair<uint32_t, uint32_t>> seen;
+      for (uint32_t local = 0; local < m_tiles * n_tiles; ++local) {
+        const TileCoords coords = banded_tile(local, n_tiles, m_tiles);
+        ASSERT_LT(coords.m_tile, m_tiles) << local;
+        ASSERT_LT(coords.n_tile, n_tiles) << local;
+        EXPECT_TRUE(seen.insert({coords.m_tile, coords.n_tile}).second)
+            << "tile " << local << " repeats (" << coords.m_tile << ", " << coords.n_tile << "), n_tiles "
+            << n_tiles << ", m_tiles " << m_tiles;
+      }
+      EXPECT_EQ(seen.size(), size_t{m_tiles} * n_tiles);
+    }
+  }
+}
+
+// Within a band, the token tiles of one weight tile are consecutive (they share it from L2), and a
+// band's token tiles stay inside it until all its weight tiles are done.
+TEST(TileOrder, BandsWalkWeightTilesOverAFewTokenTiles) {
+  const uint32_t m_tiles = 16, n_tiles = 2 * kBandTokenTiles + 3;
+  for (uint32_t local = 0; local < m_tiles * n_tiles; ++local) {
+    const TileCoords coords = banded_tile(local, n_tiles, m_tiles);
+    const uint32_t band = local / (m_tiles * kBandTokenTiles);
+    EXPECT_EQ(coords.n_tile / kBandTokenTiles, band) << local;
+    const uint32_t band_tiles = band < 2 ? kBandTokenTiles : 3;
+    EXPECT_EQ(coords.m_tile, (local - band * m_tiles * kBandTokenTiles) / band_tiles) << local;
+  }
+}
+
+using KBlockVisit = std::tuple<uint32_t, uint32_t, uint32_t>;  // stage, phase, kb
+
+template <bool kUnroll>
+std::vector<KBlockVisit> visits(RingPosition<4>& ring, uint32_t k_blocks) {
+  std::vector<KBlockVisit> seen;
+  for_each_k_block<kUnroll>(ring, k_blocks,
+                            [&](uint32_t stage, uint32_t phase, uint32_t kb) { seen.emplace_back(stage, phase, kb); });
+  return seen;
+}
+
+// The unrolled passes (taken when the ring is at stage 0 and K fills whole passes) visit the same
+// stages, phases and K blocks as the plain loop and leave the ring where it does, so consecutive
+// tiles of either kind agree with the producer, which always walks the ring one stage at a time.
+TEST(RingPasses, UnrolledPassesMatchThePlainLoop) {
+  for (uint32_t first_stage = 0; first_stage < 4; ++first_stage) {
+    for (uint32_t first_phase = 0; first_phase < 2; ++first_phase) {
+      for (uint32_t k_blocks = 1; k_blocks <= 13; ++k_blocks) {
+        RingPosition<4> unrolled{first_stage, first_phase}, plain{first_stage, first_phase};
+        const std::vector<KBlockVisit> seen = visits<true>(unrolled, k_blocks);
+        EXPECT_EQ(seen, visits<false>(plain, k_blocks)) << first_stage << " " << first_phase << " " << k_blocks;
+        EXPECT_EQ(unrolled.stage, plain.stage);
+        EXPECT_EQ(unrolled.phase, plain.phase);
+        // The producer's view: stage s of pass p is K block p * 4 + s - first_stage.
+        RingPosition<4> producer{first_stage, first_phase};
+        for (uint32_t kb = 0; kb < k_blocks; ++kb) {
+          EXPECT_EQ(seen[kb], KBlockVisit(producer.stage, producer.phase, kb));
+          producer.advance();
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace megamoe::gemm
