@@ -22,12 +22,12 @@ struct SmemDescSw128 {
   uint32_t low;
 
   // `address` is a shared-window address (__cvta_generic_to_shared).
-  MEGAMOE_DEVICE static SmemDescSw128 at(uint32_t address) {
+  MEGAMOE_HD static SmemDescSw128 at(uint32_t address) {
     return {(address & 0x3FFFF) >> 4          // start address
             | 1u << 16};                      // leading byte offset: unused when swizzled
   }
-  MEGAMOE_DEVICE SmemDescSw128 plus(uint32_t bytes) const { return {low + (bytes >> 4)}; }
-  MEGAMOE_DEVICE uint64_t value() const { return static_cast<uint64_t>(kHigh) << 32 | low; }
+  MEGAMOE_HD SmemDescSw128 plus(uint32_t bytes) const { return {low + (bytes >> 4)}; }
+  MEGAMOE_HD uint64_t value() const { return static_cast<uint64_t>(kHigh) << 32 | low; }
 };
 
 // Orders this thread's register accesses to accumulators before the next wgmma reads them.
