@@ -299,6 +299,9 @@ struct StoreEpilogue {
   // source: those loads are issued before the tile's mainloop, and the rows computed from them only
   // in apply, so that no instruction waits on them before the wgmmas start.
   static constexpr uint32_t kCopyTokens = 64 * (Config::kPassBytes / 16) / 128;
+  __device__ static uint32_t copy_token(uint32_t warpgroup, uint32_t thread, uint32_t j) {
+    return 64 * warpgroup + thread / 8 + 16 * j;
+  }
   struct Prefetched {
     PoolSource sources[kCopyTokens];
   };
@@ -308,7 +311,7 @@ struct StoreEpilogue {
       const uint32_t thread = 32 * warp + lane;
 #pragma unroll
       for (uint32_t j = 0; j < kCopyTokens; ++j) {
-        const uint32_t token = 64 * warpgroup + thread / 8 + 16 * j;
+        const uint32_t token = copy_token(warpgroup, thread, j);
         if (token < tile.rows) prefetched.sources[j] = destination.lookup(tile.row_begin + token);
       }
     }
@@ -350,7 +353,7 @@ struct StoreEpilogue {
       uint16_t* rows[kCopyTokens];
 #pragma unroll
       for (uint32_t j = 0; j < kCopyTokens; ++j) {
-        const uint32_t token = 64 * warpgroup + thread / 8 + 16 * j;
+        const uint32_t token = copy_token(warpgroup, thread, j);
         rows[j] = token < tile.rows ? destination.row(tile.row_begin + token, prefetched.sources[j]) +
                                           tile.m_tile * Config::kBlockM
                                     : nullptr;
@@ -370,7 +373,7 @@ struct StoreEpilogue {
 #pragma unroll
         for (uint32_t j = 0; j < kCopyTokens; ++j) {
           if (rows[j] == nullptr) continue;
-          const uint32_t token = 64 * warpgroup + thread / 8 + 16 * j;
+          const uint32_t token = copy_token(warpgroup, thread, j);
           *reinterpret_cast<uint4*>(rows[j] + 64 * pass + 8 * part) =
               *reinterpret_cast<const uint4*>(staging + token * Config::kL2StagingStride + 16 * part);
         }
