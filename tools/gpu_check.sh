@@ -2,6 +2,8 @@
 # The one script run on the lent GPU machine: environment, then each named step, logs under $OUT.
 #   tools/gpu_check.sh STEP...   steps: info | sass BIN | test BIN [gtest args] | test-each BIN |
 #                                       tests DIR | ctest
+#   tools/gpu_check.sh clocks CMD...             CMD with the SM clock and board power logged
+#   tools/gpu_check.sh ncu NAME REGEX SKIP CMD...  one launch of a kernel, profiled (last step: takes the rest)
 # Binaries are built on this machine and carried with the call: copy the GPU test binaries, the
 # megamoe tool and the benchmarks into an ignored folder (e.g. out/) and name it in `carry`.
 set -uo pipefail
@@ -54,6 +56,32 @@ step_test_each() {
   done
 }
 
+# Runs a command while nvidia-smi logs the SM clock, power and throttle reasons every 100 ms
+# (clocks.csv); its output lines get timestamps, so rows can be matched to the clocks they ran at.
+step_clocks() {
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active \
+    --format=csv,noheader -lms 100 >"$OUT/clocks.csv" 2>&1 &
+  local logger=$!
+  "$@" 2>&1 | while IFS= read -r line; do echo "$(date +%H:%M:%S.%N | cut -c1-12) $line"; done | tee "$OUT/clocked.log"
+  kill $logger 2>/dev/null
+  awk -F', ' '{ split($2, c, " "); split($3, p, " "); print c[1], p[1] }' "$OUT/clocks.csv" | sort -n |
+    awk '{ clock[NR] = $1; power += $2 } END { if (NR) printf "SM clock MHz min %d median %d max %d, mean power %.0f W over %d samples\n", clock[1], clock[int((NR + 1) / 2)], clock[NR], power / NR, NR }'
+}
+
+# Profiles launch SKIP (0-based) of the kernels whose name matches REGEX in CMD: the full section
+# set with source correlation (NAME.ncu-rep), the headline metrics, and the SASS page with its
+# stall samples (NAME.sass.csv).
+step_ncu() {
+  local name=$1 regex=$2 skip=$3; shift 3
+  ncu --clock-control none --set full --import-source yes -k "regex:$regex" --launch-skip "$skip" --launch-count 1 \
+    -f -o "$OUT/$name" "$@" >"$OUT/$name.ncu.log" 2>&1 || { tail -20 "$OUT/$name.ncu.log"; status=1; return; }
+  ncu -i "$OUT/$name.ncu-rep" --page details --csv 2>/dev/null |
+    grep -E '"(Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Registers Per Thread|Issue Slots Busy)"|[Tt]ensor' | cut -d, -f5- | head -20
+  ncu -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass >"$OUT/$name.sass.csv" 2>&1 ||
+    ncu -i "$OUT/$name.ncu-rep" --page source --csv >"$OUT/$name.sass.csv" 2>&1
+  wc -c "$OUT/$name.sass.csv"
+}
+
 while [ $# -gt 0 ]; do
   step=$1; shift
   case $step in
@@ -65,6 +93,8 @@ while [ $# -gt 0 ]; do
     tests) for binary in "$1"/*_test; do step_test "$binary"; done; shift ;;
     ctest) (cd "$BUILD" && timeout 560 ctest -L gpu --output-on-failure >"$OUT/ctest.log" 2>&1); rc=$?
            tail -30 "$OUT/ctest.log"; [ $rc -eq 0 ] || status=1 ;;
+    clocks) step_clocks "$@"; shift $# ;;
+    ncu) step_ncu "$@"; shift $# ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
