@@ -145,6 +145,14 @@ CaseWeights random_weights(Recipe recipe, uint32_t groups, uint32_t n_out, uint3
   return w;
 }
 
+// The gap between an E4M3 code's magnitude and the next larger one (the largest finite code, 448,
+// reuses the gap below it): one rounding step at that value.
+double e4m3_step_above(uint8_t code) {
+  const uint8_t magnitude = code & 0x7F;
+  const uint8_t lower = magnitude < 0x7E ? magnitude : 0x7D;
+  return double(e4m3_to_float(lower + 1)) - e4m3_to_float(lower);
+}
+
 double normalized_error(const std::vector<double>& got, const std::vector<double>& want) {
   double diff = 0, norm = 0;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -283,6 +291,11 @@ void run_swiglu_case(const Case& c) {
           if (scaled) {
             const uint8_t want_code = quantizer.quantize(activation[channel]);
             code_mismatches += out[index] != want_code;
+            const double got_value = e4m3_to_float(out[index]) * scale;
+            const double want_value = e4m3_to_float(want_code) * quantizer.scale;
+            ASSERT_LE(std::fabs(got_value - want_value), e4m3_step_above(want_code) * quantizer.scale + amax / 1024)
+                << "row " << row << " channel " << channel << ": code " << int(out[index]) << ", reference code "
+                << int(want_code) << ", block amax " << amax;
             got.push_back(e4m3_to_float(out[index]) * scale);
             want.push_back(e4m3_to_float(want_code) * quantizer.scale);
           } else {
@@ -295,14 +308,18 @@ void run_swiglu_case(const Case& c) {
       }
     }
   }
-  // The FP8 wgmma accumulates with ~2e-4 relative error, so a few values fall on the other side of
-  // an E4M3 rounding boundary than the double reference (off by one code, <= 12.5%): bound both
-  // how many and the overall error. BF16 outputs only differ by such flips of a BF16 rounding.
+  // The FP8 wgmma accumulates with about 14 mantissa bits, relative to the sum of the products'
+  // magnitudes: a few values round to a neighbouring E4M3 code (6-12.5% of their size), and values
+  // near zero, where the products cancel, may differ by more codes but by a tiny fraction of the
+  // block's amax. Each value is checked against exactly that above. The flips make the normalized
+  // error about sqrt(fraction flipped) / 10, so the fraction is bounded below 2% and the error by the
+  // recipe's documented bound (README: 2e-2), which that fraction implies. BF16 outputs only differ
+  // by flips of a BF16 rounding.
   const double error = normalized_error(got, want);
   const double mismatch_fraction = got.empty() ? 0.0 : double(code_mismatches) / got.size();
   std::printf("L1 %s: normalized error %.3g, E4M3 codes differing %.3g%% over %zu values\n", describe(c).c_str(),
               error, 100 * mismatch_fraction, got.size());
-  EXPECT_LT(error, scaled ? 1e-2 : 2e-3);
+  EXPECT_LT(error, scaled ? 2e-2 : 2e-3);
   EXPECT_LT(mismatch_fraction, 0.02);
 
   // Rows past the last group stay untouched.
