@@ -79,6 +79,12 @@ TEST_P(EmulatedRanks, PullRowsBulkAndVector) {
   run(comm_test::pull_rows);
 }
 
+// Emulated ranks are threads of one process: per-function launch attributes are shared by them.
+TEST(EmulatedLauncher, ConcurrentPullLaunchesOfDifferentRowSizes) {
+  MEGAMOE_SKIP_WITHOUT_GPU();
+  EXPECT_NO_THROW(comm_test::concurrent_pull_launches());
+}
+
 TEST(EmulatedLauncher, CountsFailedRanks) {
   MEGAMOE_SKIP_WITHOUT_GPU();
   const int failed = run_ranks(

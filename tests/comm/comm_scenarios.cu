@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/check.h"
@@ -521,6 +522,52 @@ void pull_rows(Communicator& comm) {
     }
   }
   MEGAMOE_CHECK_CUDA(cudaStreamSynchronize(stream));
+}
+
+void concurrent_pull_launches() {
+  constexpr int kLaunches = 500;
+  constexpr uint32_t kRows = 16;
+  const uint32_t row_bytes[2] = {1024, 14336};
+  std::string failure[2];
+  auto launcher = [&](int which) {
+    cudaStream_t stream = nullptr;
+    char* src = nullptr;
+    char* dst = nullptr;
+    const uint64_t bytes = uint64_t{kRows} * row_bytes[which];
+    try {
+      MEGAMOE_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      MEGAMOE_CHECK_CUDA(cudaMalloc(&src, bytes));
+      MEGAMOE_CHECK_CUDA(cudaMalloc(&dst, bytes));
+      std::vector<char> pattern(bytes);
+      for (uint64_t i = 0; i < bytes; ++i) pattern[i] = static_cast<char>(i * 7 + which);
+      MEGAMOE_CHECK_CUDA(cudaMemcpy(src, pattern.data(), bytes, cudaMemcpyHostToDevice));
+      const device::ContiguousRows map{src, dst, row_bytes[which]};
+      for (int launch = 0; launch < kLaunches && failure[which].empty(); ++launch) {
+        const cudaError_t status = device::launch_pull_rows(device::PullMethod::bulk, map, kRows, 4, stream);
+        if (status != cudaSuccess) {
+          failure[which] = concat("launch ", launch, " of ", row_bytes[which], "-byte rows: ", cudaGetErrorName(status),
+                                  " (", cudaGetErrorString(status), ")");
+        }
+      }
+      MEGAMOE_CHECK_CUDA(cudaStreamSynchronize(stream));
+      std::vector<char> pulled(bytes);
+      MEGAMOE_CHECK_CUDA(cudaMemcpy(pulled.data(), dst, bytes, cudaMemcpyDeviceToHost));
+      if (failure[which].empty() && pulled != pattern) {
+        failure[which] = concat(row_bytes[which], "-byte rows: the pulled rows differ from the source");
+      }
+    } catch (const std::exception& e) {
+      failure[which] = e.what();
+    }
+    cudaFree(src);
+    cudaFree(dst);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  };
+  std::thread first(launcher, 0), second(launcher, 1);
+  first.join();
+  second.join();
+  for (const std::string& why : failure) {
+    if (!why.empty()) throw Error(concat("concurrent bulk pull launches: ", why));
+  }
 }
 
 }  // namespace megamoe::comm_test

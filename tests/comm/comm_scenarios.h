@@ -34,5 +34,8 @@ void grid_barrier_timeout(Communicator& comm);
 void create_destroy_many(Communicator& comm);
 // Bulk (TMA) and vector pulls of 7392- and 14336-byte rows from the next rank copy exactly the rows.
 void pull_rows(Communicator& comm);
+// Two host threads launching bulk pulls of different row sizes at once, 500 times each: every
+// launch must succeed (the kernel's shared-memory attribute is shared by the whole process).
+void concurrent_pull_launches();
 
 }  // namespace megamoe::comm_test

@@ -34,14 +34,28 @@ __global__ void __launch_bounds__(kPullVectorThreads) pull_rows_vector_kernel(Co
 }
 
 // Launches `blocks` blocks pulling `count` rows; returns the launch status.
+// The bulk kernel's dynamic shared-memory limit is a process-wide attribute of the function. Setting
+// it to each launch's own need would let a thread launching shorter rows lower it under another
+// thread's launch of longer ones (emulated ranks, or an engine's threads), which then fails with
+// cudaErrorLaunchOutOfResources. So it is always set to the same value, the most the device allows,
+// and each launch checks its own need against that.
 inline cudaError_t launch_pull_rows(PullMethod method, const ContiguousRows& rows, uint32_t count, int blocks,
                                     cudaStream_t stream) {
   if (method == PullMethod::bulk) {
-    const int shared_bytes = static_cast<int>(kPullStages * rows.row_bytes);
-    const cudaError_t status = cudaFuncSetAttribute(pull_rows_bulk_kernel<kPullStages>,
-                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes);
+    const auto kernel = pull_rows_bulk_kernel<kPullStages>;
+    int device = 0, optin_bytes = 0;
+    cudaFuncAttributes attributes{};
+    cudaError_t status = cudaGetDevice(&device);
+    if (status == cudaSuccess)
+      status = cudaDeviceGetAttribute(&optin_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (status == cudaSuccess) status = cudaFuncGetAttributes(&attributes, kernel);
     if (status != cudaSuccess) return status;
-    pull_rows_bulk_kernel<kPullStages><<<blocks, 32, shared_bytes, stream>>>(rows, count);
+    const int dynamic_limit = optin_bytes - static_cast<int>(attributes.sharedSizeBytes);
+    const uint64_t shared_bytes = uint64_t{kPullStages} * rows.row_bytes;
+    if (shared_bytes > static_cast<uint64_t>(dynamic_limit)) return cudaErrorInvalidValue;
+    status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic_limit);
+    if (status != cudaSuccess) return status;
+    kernel<<<blocks, 32, shared_bytes, stream>>>(rows, count);
   } else {
     pull_rows_vector_kernel<kPullVectorUnroll><<<blocks, kPullVectorThreads, 0, stream>>>(rows, count);
   }
