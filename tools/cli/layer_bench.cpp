@@ -184,26 +184,37 @@ class EventPair {
   cudaEvent_t start = nullptr, stop = nullptr;
 };
 
-// Median time of `call` on `stream` over `repeats` calls after kWarmups: the ranks line up (host
-// barrier) before each call, events bracket it, and the host waits for it before the next one. A
-// host synchronization inside `call` is part of its time.
-double median_call_us(Communicator& comm, cudaStream_t stream, int32_t repeats, const std::function<void()>& call) {
-  for (int i = 0; i < kWarmups; ++i) call();
+// Median times of each of `calls` on `stream` over `repeats` rounds after kWarmups. Each round runs
+// every call once, in an order that rotates from round to round, so all of them see the same
+// clocks and power state (a long run heats the GPU and its power cap lowers the clock). Before each
+// call the ranks line up (host barrier), events bracket it, and the host waits for it. A host
+// synchronization inside a call is part of its time.
+std::vector<double> median_calls_us(Communicator& comm, cudaStream_t stream, int32_t repeats,
+                                    const std::vector<std::function<void()>>& calls) {
+  for (const auto& call : calls)
+    for (int i = 0; i < kWarmups; ++i) call();
   MEGAMOE_CHECK_CUDA(cudaStreamSynchronize(stream));
   EventPair events;
-  std::vector<float> times;
-  for (int32_t i = 0; i < repeats; ++i) {
-    comm.barrier();
-    MEGAMOE_CHECK_CUDA(cudaEventRecord(events.start, stream));
-    call();
-    MEGAMOE_CHECK_CUDA(cudaEventRecord(events.stop, stream));
-    MEGAMOE_CHECK_CUDA(cudaEventSynchronize(events.stop));
-    float ms = 0;
-    MEGAMOE_CHECK_CUDA(cudaEventElapsedTime(&ms, events.start, events.stop));
-    times.push_back(ms);
+  std::vector<std::vector<float>> times(calls.size());
+  for (int32_t round = 0; round < repeats; ++round) {
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const size_t which = (i + static_cast<size_t>(round)) % calls.size();
+      comm.barrier();
+      MEGAMOE_CHECK_CUDA(cudaEventRecord(events.start, stream));
+      calls[which]();
+      MEGAMOE_CHECK_CUDA(cudaEventRecord(events.stop, stream));
+      MEGAMOE_CHECK_CUDA(cudaEventSynchronize(events.stop));
+      float ms = 0;
+      MEGAMOE_CHECK_CUDA(cudaEventElapsedTime(&ms, events.start, events.stop));
+      times[which].push_back(ms);
+    }
   }
-  std::sort(times.begin(), times.end());
-  return 1000.0 * times[times.size() / 2];
+  std::vector<double> medians;
+  for (std::vector<float>& call_times : times) {
+    std::sort(call_times.begin(), call_times.end());
+    medians.push_back(1000.0 * call_times[call_times.size() / 2]);
+  }
+  return medians;
 }
 
 void call_fused(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
@@ -300,9 +311,6 @@ void bench_rank(Communicator& comm, const BenchData& data, const SharedArray<Ran
     const LayerInputs& in = inputs[s]->inputs();
     const TensorView fused_out = y_view(fused_y, in.num_tokens, p.hidden);
     RankMeasures m;
-    m.fused_us =
-        median_call_us(comm, stream, data.repeats, [&] { call_fused(buffer, in, weights->view(), fused_out, stream); });
-    buffer.check_device_error(stream);
     // Decode engines replay captured graphs; the fused layer needs no host sync, so it can be one.
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t graph_exec = nullptr;
@@ -310,14 +318,20 @@ void bench_rank(Communicator& comm, const BenchData& data, const SharedArray<Ran
     call_fused(buffer, in, weights->view(), fused_out, stream);
     MEGAMOE_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
     MEGAMOE_CHECK_CUDA(cudaGraphInstantiate(&graph_exec, graph, 0));
-    m.graph_us = median_call_us(comm, stream, data.repeats, [&] { MEGAMOE_CHECK_CUDA(cudaGraphLaunch(graph_exec, stream)); });
+    std::vector<std::function<void()>> calls = {
+        [&] { call_fused(buffer, in, weights->view(), fused_out, stream); },
+        [&] { MEGAMOE_CHECK_CUDA(cudaGraphLaunch(graph_exec, stream)); }};
+    if (unfused) {
+      calls.push_back([&] { unfused->run(in, y_view(baseline_y, in.num_tokens, p.hidden), stream); });
+    }
+    const std::vector<double> medians = median_calls_us(comm, stream, data.repeats, calls);
+    m.fused_us = medians[0];
+    m.graph_us = medians[1];
     buffer.check_device_error(stream);
     MEGAMOE_CHECK_CUDA(cudaGraphExecDestroy(graph_exec));
     MEGAMOE_CHECK_CUDA(cudaGraphDestroy(graph));
     if (unfused) {
-      const TensorView baseline_out = y_view(baseline_y, in.num_tokens, p.hidden);
-      m.baseline_us = median_call_us(comm, stream, data.repeats, [&] { unfused->run(in, baseline_out, stream); });
-      MEGAMOE_CHECK_CUDA(cudaStreamSynchronize(stream));
+      m.baseline_us = medians[2];
       compare_outputs(fused_y, baseline_y, int64_t{in.num_tokens} * p.hidden, stream, m);
     }
     measures[s * static_cast<size_t>(ranks) + static_cast<size_t>(rank)] = m;
@@ -661,7 +675,8 @@ void run_bench(const BenchOptions& options) {
   }
   std::printf(
       "us: the slowest rank's median of eager calls; graph us: the same call captured once in a CUDA graph "
-      "and replayed (the baseline cannot be captured: it waits on the host for the counts); rates and roofline "
+      "and replayed (the baseline cannot be captured: it waits on the host for the counts); the eager, graph "
+      "and baseline calls take turns in rotating order, so they run at the same clocks; rates and roofline "
       "use us; rates per GPU; roofline = the largest floor (compute, HBM, NVLink at "
       "this run's ceilings) / us; bound: that floor; y diff: the baseline's y against the fused layer's "
       "(normalized)%s\n",
