@@ -1,7 +1,8 @@
 // Grouped GEMM benchmark at DeepSeek-V3 expert shapes (L1: N 4096 x K 7168 with the SwiGLU epilogue;
 // L2: N 7168 x K 2048 with the store epilogue), against ceilings measured in the same run: dense
 // cuBLASLt FP8/BF16 TFLOP/s and the HBM copy rate (for weight bytes read per second). fp8_fp4 is
-// compared with dense FP8 (its wgmmas are FP8 ones) and counts its packed weight bytes.
+// compared with dense FP8 (its wgmmas are FP8 ones) and counts its packed weight bytes. Decode rows
+// also time the launch without the split-K workspace (us_unsplit, split_speedup).
 //   megamoe_gemm_bench [--out FILE.json] [--recipes fp8,fp8_fp4,bf16] [--experts 32,128] [--tokens 1,4,...]
 #include <cuda_runtime_api.h>
 
@@ -150,6 +151,9 @@ int main(int argc, char** argv) {
         cuda_ok(cudaMemcpy(d_sources, sources.data(), max_rows * sizeof(PoolSource), cudaMemcpyHostToDevice), "copy");
         ControlBlock* control = device_alloc<ControlBlock>(1);
         cuda_ok(cudaMemset(control, 0, sizeof(ControlBlock)), "cudaMemset");
+        // The layer's split-K workspace (decode launches with too few tiles for the grid split K).
+        uint8_t* split_workspace = device_alloc<uint8_t>(kGemmSplitWorkspaceBytes);
+        cuda_ok(cudaMemset(split_workspace, 0, kGemmSplitWorkspaceBytes), "cudaMemset");
         uint32_t* prefix = device_alloc<uint32_t>(max_experts + 1);
 
         for (uint32_t experts : expert_counts) {
@@ -180,8 +184,7 @@ int main(int argc, char** argv) {
               operands.control = control;
               const uint64_t total_rows = host_prefix.back();
               const int repeats = total_rows > 100000 ? 5 : 20;
-              const double us = time_us(
-                  [&] {
+              const auto run = [&] {
                     if (l1_out) {
                       gemm::grouped_gemm_swiglu(operands,
                                                 gemm::SwigluOutput{l1_out, l1_out_scales, row_weights,
@@ -194,8 +197,15 @@ int main(int argc, char** argv) {
                       gemm::grouped_gemm_store(operands, gemm::RoutedDestination{view, 0, d_sources, 1, kHidden},
                                                sms, stream);
                     }
-                  },
-                  stream, repeats, 2);
+                  };
+              // Decode tiles: also timed without the split-K workspace (tiles never split), as the
+              // same-run baseline of split K.
+              const gemm::TileShape tile = gemm::choose_tile(tokens);
+              const bool decode = tile.layout == gemm::TileLayout::weights_on_m;
+              const double us_unsplit = decode ? time_us(run, stream, repeats, 2) : 0.0;
+              operands.split_workspace = {split_workspace, kGemmSplitWorkspaceBytes};
+              const double us = time_us(run, stream, repeats, 2);
+              operands.split_workspace = {};
               DeviceError recorded{};
               cuda_ok(cudaMemcpy(&recorded, &control->error, sizeof(recorded), cudaMemcpyDeviceToHost), "error record");
               require(recorded.code == kDeviceOk, "grouped GEMM", "recorded a device error during the benchmark");
@@ -205,18 +215,22 @@ int main(int argc, char** argv) {
                                           (packed ? active * stage.n_out * (stage.k / 32.0) : 0);
               const double tflops = flops / (us * 1e-6) / 1e12;
               const double weight_gbps = weight_bytes / (us * 1e-6) / 1e9;
-              report.rows.push_back({{"recipe", recipe_name},
+              Row row{{"recipe", recipe_name},
                                      {"stage", std::string(stage.name)},
                                      {"experts", static_cast<long long>(experts)},
                                      {"tokens_per_expert", static_cast<long long>(tokens)},
                                      {"routing", std::string(skewed ? "skewed" : "uniform")},
-                                     {"tile", std::string(gemm::to_string(gemm::choose_tile(tokens).layout)) +
-                                                  "/" + std::to_string(gemm::choose_tile(tokens).block_n)},
+                                     {"tile", std::string(gemm::to_string(tile.layout)) + "/" + std::to_string(tile.block_n)},
                                      {"us", us},
                                      {"tflops", tflops},
                                      {"weight_gbps", weight_gbps},
                                      {"tflops_vs_dense", tflops / dense},
-                                     {"weight_gbps_vs_hbm_copy", weight_gbps / report.ceilings["hbm_copy_gbps"]}});
+                                     {"weight_gbps_vs_hbm_copy", weight_gbps / report.ceilings["hbm_copy_gbps"]}};
+              if (decode) {
+                row.emplace_back("us_unsplit", us_unsplit);
+                row.emplace_back("split_speedup", us_unsplit / us);
+              }
+              report.rows.push_back(std::move(row));
               std::fprintf(stderr, "%s %s E=%u t=%u %s: %.1f us, %.0f TFLOP/s, %.0f GB/s of weights\n",
                            recipe_name.c_str(), stage.name, experts, tokens, skewed ? "skewed" : "uniform", us, tflops,
                            weight_gbps);
@@ -227,7 +241,8 @@ int main(int argc, char** argv) {
                               static_cast<void*>(act_scales), static_cast<void*>(row_weights),
                               static_cast<void*>(l1_out), static_cast<void*>(l1_out_scales),
                               static_cast<void*>(combine), static_cast<void*>(d_sources), static_cast<void*>(control),
-                              static_cast<void*>(prefix), static_cast<void*>(weight_shifts)})
+                              static_cast<void*>(prefix), static_cast<void*>(weight_shifts),
+                              static_cast<void*>(split_workspace)})
           if (pointer) cudaFree(pointer);
       }
     }

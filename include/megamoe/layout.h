@@ -22,6 +22,7 @@
 //   shared_l2_scales   [S * intermediate / 128][max_tokens] f32
 //   combine            [max_tokens][top_k + 1][hidden] bf16   L2 results, written by the owners; slot top_k = shared
 //   front_ring         the streaming front ring (docs/streaming.md), when front_num_slots > 0
+//   gemm_split         kGemmSplitWorkspaceBytes: the grouped GEMM's split-K counters and partial sums (local)
 #pragma once
 
 #include <cstdint>
@@ -38,6 +39,10 @@ inline constexpr uint64_t kRegionAlign = 4096;
 // least kPoolRowAlign - 1 rows beyond the worst case, so a GEMM tile (at most this many rows) that
 // starts at an expert's last row stays inside the pool (expert offsets are unaligned prefix sums).
 inline constexpr uint64_t kPoolRowAlign = 256;
+// The grouped GEMM's split-K workspace (kernels/gemm/split_k.cuh): an arrival counter per tile,
+// then one wave of work units' partial sums: 132 SMs (H100/H200) x 64 KiB, the widest decode tile.
+inline constexpr uint32_t kGemmSplitCounters = 1024;
+inline constexpr uint64_t kGemmSplitWorkspaceBytes = kGemmSplitCounters * 4ull + 132ull * 65536;
 
 MEGAMOE_HD uint64_t align_up(uint64_t value, uint64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
@@ -113,7 +118,7 @@ struct BufferLayout {
 
   Region control, recv_count, expert_rows, x, x_scales, topk_idx, topk_weights, src_index, pool_source,
       pool_weight, l1_pool, l1_pool_scales, l2_pool, l2_pool_scales, shared_x_scales, shared_l2,
-      shared_l2_scales, combine, front_ring;
+      shared_l2_scales, combine, front_ring, gemm_split;
   uint64_t total_bytes = 0;
 
   // Worst case of rows one rank's pool must hold: every source rank sends every token to this
@@ -163,6 +168,7 @@ struct BufferLayout {
     place(l.combine, sizeof(uint16_t) * tokens * static_cast<uint64_t>(p.combine_slots()) *
                          static_cast<uint64_t>(p.hidden));
     place(l.front_ring, FrontRingLayout::make(p).total_bytes);
+    place(l.gemm_split, kGemmSplitWorkspaceBytes);
     l.total_bytes = cursor;
     return l;
   }

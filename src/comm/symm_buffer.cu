@@ -205,9 +205,12 @@ void SymmBuffer::check_device_error(cudaStream_t stream) {
   MEGAMOE_CHECK_CUDA(cudaMemcpyAsync(&error, &control->error, sizeof(error), cudaMemcpyDeviceToHost, stream));
   MEGAMOE_CHECK_CUDA(cudaStreamSynchronize(stream));
   if (error.code == kDeviceOk) return;
-  // Clear the record, and the grid barrier's arrival count that blocks which gave up may have left.
+  // Clear the record, and the counts that blocks which gave up may have left: the grid barrier's
+  // arrivals and the GEMM's split-K arrivals (the whole split workspace, which holds nothing else
+  // worth keeping).
   MEGAMOE_CHECK_CUDA(cudaMemsetAsync(&control->error, 0, sizeof(DeviceError), stream));
   MEGAMOE_CHECK_CUDA(cudaMemsetAsync(&control->grid_barrier_count, 0, sizeof(control->grid_barrier_count), stream));
+  MEGAMOE_CHECK_CUDA(cudaMemsetAsync(view_.local() + layout_.gemm_split.offset, 0, layout_.gemm_split.bytes, stream));
   MEGAMOE_CHECK_CUDA(cudaStreamSynchronize(stream));
   throw Error(describe(error));
 }

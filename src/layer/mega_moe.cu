@@ -98,6 +98,7 @@ gemm::GemmOperands expert_operands(const Problem& p, const BufferLayout& l, char
   o.timeout_ns = timeout_ns;
   o.control = l.control_block(local);
   o.rank = static_cast<uint32_t>(p.rank);
+  o.split_workspace = {local + l.gemm_split.offset, l.gemm_split.bytes};
   return o;
 }
 

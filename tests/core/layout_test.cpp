@@ -35,6 +35,7 @@ const std::vector<std::pair<const char*, RegionField>>& regions_in_order() {
       {"shared_l2_scales", &BufferLayout::shared_l2_scales},
       {"combine", &BufferLayout::combine},
       {"front_ring", &BufferLayout::front_ring},
+      {"gemm_split", &BufferLayout::gemm_split},
   };
   return regions;
 }
@@ -78,7 +79,7 @@ void expect_well_formed(const BufferLayout& l, const char* label) {
     EXPECT_EQ(region.offset, align_up(previous_end, kRegionAlign)) << label << " " << name;
     previous_end = region.end();
   }
-  EXPECT_EQ(l.total_bytes, align_up(l.front_ring.end(), kRegionAlign)) << label;
+  EXPECT_EQ(l.total_bytes, align_up(l.gemm_split.end(), kRegionAlign)) << label;
 }
 
 TEST(BufferLayout, RegionsAreOrderedAlignedAndDisjoint) {
@@ -245,7 +246,10 @@ TEST(BufferLayout, DeepSeekV3HandComputedSizes) {
   // No front ring.
   EXPECT_EQ(l.front_ring.offset, 584791 * kPage);
   EXPECT_EQ(l.front_ring.bytes, 0u);
-  EXPECT_EQ(l.total_bytes, 584791 * kPage);  // 2395303936 bytes, about 2.23 GiB
+  // The GEMM's split-K workspace: 1024 counters + 132 x 64 KiB = 2113 pages.
+  EXPECT_EQ(l.gemm_split.offset, 584791 * kPage);
+  EXPECT_EQ(l.gemm_split.bytes, 4096u + 132u * 65536u);
+  EXPECT_EQ(l.total_bytes, 586904 * kPage);  // 2403958784 bytes, about 2.24 GiB
 }
 
 TEST(BufferLayout, Bf16HasNoScaleRegions) {
@@ -320,7 +324,7 @@ TEST(BufferLayout, AccessorsStayInsideTheirRegions) {
       EXPECT_EQ(reinterpret_cast<uintptr_t>(BufferLayout::at<uint8_t>(base, l.*field)) % kRegionAlign, 0u) << name;
     }
     // The regions cover the whole allocation once: their ends never pass total_bytes.
-    EXPECT_LE(l.front_ring.end(), l.total_bytes);
+    EXPECT_LE(l.gemm_split.end(), l.total_bytes);
   }
 }
 

@@ -1,8 +1,9 @@
 // The grouped GEMM engine against a CPU reference with the same quantization, on fresh random
 // inputs: both epilogues, all three recipes, 1..128 groups, uneven, empty and single-row groups, row
-// counts that are not multiples of the token tile, a grid smaller than the tile count. Outputs are
-// poisoned first; every element that should be written is checked and every other one must still
-// hold the poison.
+// counts that are not multiples of the token tile, a grid smaller than the tile count, decode tiles
+// too few for the grid (split K). Each case launches twice on one split-K workspace (which the first
+// launch must leave ready for the second); outputs are poisoned before each launch, and every element
+// that should be written is checked and every other one must still hold the poison.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "gpu_test_util.h"
 #include "kernels/gemm/fp4_scales.h"
 #include "kernels/gemm/gemm.h"
+#include "kernels/gemm/split_k.cuh"
 #include "megamoe/formats.h"
 #include "megamoe/layout.h"
 
@@ -37,6 +39,7 @@ struct Case {
   uint32_t intermediate;
   uint32_t expected_rows;  // drives the token tile choice
   int grid;                // 0: all multiprocessors
+  uint32_t min_splits = 1;  // split K: the count the case's tiles must get (checked on the host)
 };
 
 std::string describe(const Case& c) {
@@ -184,9 +187,29 @@ int multiprocessors() {
   return count;
 }
 
+// A zeroed split-K workspace of the layer's size.
+DeviceBuffer<uint8_t> split_workspace() {
+  DeviceBuffer<uint8_t> workspace(kGemmSplitWorkspaceBytes);
+  workspace.fill_bytes(0);
+  return workspace;
+}
+
+// The split count the kernel derives for this case's tiles (1 for tokens_on_m), so that a case meant
+// to exercise split K fails if it no longer does.
+uint32_t expected_splits(const Case& c, uint32_t n_out, uint32_t k) {
+  const gemm::TileShape shape = gemm::choose_tile(c.expected_rows);
+  if (shape.layout != gemm::TileLayout::weights_on_m) return 1;
+  uint32_t tiles = 0;
+  for (uint32_t rows : c.rows_per_group) tiles += (rows + shape.block_n - 1) / shape.block_n * ((n_out + 255) / 256);
+  const uint32_t k_blocks = k / (c.recipe == Recipe::bf16 ? 64 : 128);
+  const uint32_t capacity = gemm::split_capacity_units(kGemmSplitWorkspaceBytes, uint64_t{256} * shape.block_n * 4);
+  return gemm::choose_splits(tiles, c.grid > 0 ? c.grid : multiprocessors(), k_blocks, capacity);
+}
+
 gemm::GemmOperands case_operands(const Case& c, uint32_t num_groups, uint32_t n_out, uint32_t k, uint32_t rows,
                                  const CaseWeights& weights, const void* acts, const float* act_scales,
-                                 const uint32_t* prefix, ControlBlock* control) {
+                                 const uint32_t* prefix, ControlBlock* control, DeviceBuffer<uint8_t>& workspace) {
+  EXPECT_GE(expected_splits(c, n_out, k), c.min_splits) << "the case no longer splits K";
   gemm::GemmOperands operands;
   operands.recipe = c.recipe;
   operands.num_groups = num_groups;
@@ -202,6 +225,7 @@ gemm::GemmOperands case_operands(const Case& c, uint32_t num_groups, uint32_t n_
   operands.expected_rows_per_group = c.expected_rows;
   operands.timeout_ns = kTimeoutNs;
   operands.control = control;
+  operands.split_workspace = {workspace.get(), workspace.size()};
   return operands;
 }
 
@@ -231,16 +255,19 @@ void run_swiglu_case(const Case& c) {
   const uint32_t element_bytes = scaled ? 1 : 2;
   DeviceBuffer<uint8_t> d_out(size_t{rows} * c.intermediate * element_bytes);
   DeviceBuffer<float> d_out_scales(size_t{c.intermediate / 128} * rows);
-  d_out.fill_bytes(0x7F);         // E4M3 NaN, and 0x7F7F is a BF16 NaN
-  d_out_scales.fill_bytes(0xFF);  // FP32 NaN
 
   DeviceBuffer<ControlBlock> d_control(1);
   d_control.fill_bytes(0);
+  DeviceBuffer<uint8_t> workspace = split_workspace();
   const gemm::GemmOperands operands =
       case_operands(c, num_groups, n_out, k, rows, weights, d_acts.get(), scaled ? d_act_scales.get() : nullptr,
-                    d_prefix.get(), d_control.get());
+                    d_prefix.get(), d_control.get(), workspace);
   gemm::SwigluOutput output{d_out.get(), scaled ? d_out_scales.get() : nullptr, d_row_weights.get(), rows};
-  gemm::grouped_gemm_swiglu(operands, output, c.grid > 0 ? c.grid : multiprocessors(), nullptr);
+  for (int launch = 0; launch < 2; ++launch) {
+    d_out.fill_bytes(0x7F);         // E4M3 NaN, and 0x7F7F is a BF16 NaN
+    d_out_scales.fill_bytes(0xFF);  // FP32 NaN
+    gemm::grouped_gemm_swiglu(operands, output, c.grid > 0 ? c.grid : multiprocessors(), nullptr);
+  }
   MEGAMOE_CUDA_OK(cudaDeviceSynchronize());
   ASSERT_EQ(d_control.download()[0].error.code, kDeviceOk) << "the GEMM pipeline recorded a stuck wait";
 
@@ -371,17 +398,20 @@ void run_store_case(const Case& c) {
   view.timeout_ns = kTimeoutNs;
   for (int32_t rank = 0; rank < kRanks; ++rank) {
     combine.emplace_back(slot_elements);
-    combine.back().fill_bytes(0xFF);
     view.peers[rank] = reinterpret_cast<char*>(combine.back().get());
   }
 
   DeviceBuffer<ControlBlock> d_control(1);
   d_control.fill_bytes(0);
+  DeviceBuffer<uint8_t> workspace = split_workspace();
   const gemm::GemmOperands operands =
       case_operands(c, num_groups, n_out, k, rows, weights, d_acts.get(), scaled ? d_act_scales.get() : nullptr,
-                    d_prefix.get(), d_control.get());
+                    d_prefix.get(), d_control.get(), workspace);
   const gemm::RoutedDestination destination{view, 0, d_sources.get(), kTopK, n_out};
-  gemm::grouped_gemm_store(operands, destination, c.grid > 0 ? c.grid : multiprocessors(), nullptr);
+  for (int launch = 0; launch < 2; ++launch) {
+    for (auto& buffer : combine) buffer.fill_bytes(0xFF);
+    gemm::grouped_gemm_store(operands, destination, c.grid > 0 ? c.grid : multiprocessors(), nullptr);
+  }
   MEGAMOE_CUDA_OK(cudaDeviceSynchronize());
   ASSERT_EQ(d_control.download()[0].error.code, kDeviceOk) << "the GEMM pipeline recorded a stuck wait";
 
@@ -463,6 +493,13 @@ MEGAMOE_GEMM_CASE(TokensOnMPartialWeightTileAndSmallGrid,
 MEGAMOE_GEMM_CASE(TokensOnMManyUnevenGroups,
                   std::vector<Case>{{GetParam(), random_rows(32, 300, 0.2, rng), 256, 256, 150, 0}})
 MEGAMOE_GEMM_CASE(AllGroupsEmpty, std::vector<Case>{{GetParam(), {0, 0, 0}, 256, 128, 1, 0}})
+// Decode tiles that leave most of the grid idle: K split 2..4 ways (hidden 2048 gives the L1 16 fp8
+// K blocks, intermediate 1024 gives the L2 8), with partial token tiles, an empty group and a
+// small grid.
+MEGAMOE_GEMM_CASE(SplitKDecodeTilesFewerThanTheGrid,
+                  std::vector<Case>{{GetParam(), {20, 3, 0, 9}, 2048, 1024, 8, 0, 2},
+                                    {GetParam(), {1, 40}, 1024, 1024, 40, 0, 2},
+                                    {GetParam(), {3}, 2048, 1024, 8, 16, 2}})
 
 INSTANTIATE_TEST_SUITE_P(Recipes, GroupedGemm, ::testing::Values(Recipe::fp8, Recipe::fp8_fp4, Recipe::bf16),
                          [](const auto& info) { return std::string(to_string(info.param)); });

@@ -1,7 +1,9 @@
 // The order in which the grouped GEMM walks tiles and K blocks (no GPU needed): the banded tile
-// raster of a group, and the stage ring's bookkeeping with and without the unrolled ring passes.
+// raster of a group, split K's work units, and the stage ring's bookkeeping with and without the
+// unrolled ring passes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -44,10 +46,50 @@ TEST(TileOrder, BandsWalkWeightTilesOverAFewTokenTiles) {
 
 using KBlockVisit = std::tuple<uint32_t, uint32_t, uint32_t>;  // stage, phase, kb
 
+// Split K: the splits of a tile partition its K blocks in order, none empty at the allowed counts.
+TEST(SplitK, RangesPartitionTheKBlocks) {
+  for (uint32_t k_blocks = kMinSplitKBlocks; k_blocks <= 64; ++k_blocks) {
+    for (uint32_t splits = 1; splits <= kMaxSplits && splits * kMinSplitKBlocks <= k_blocks; ++splits) {
+      uint32_t next = 0;
+      for (uint32_t split = 0; split < splits; ++split) {
+        const KRange range = split_k_range(k_blocks, split, splits);
+        EXPECT_EQ(range.begin, next) << k_blocks << " " << splits << " " << split;
+        EXPECT_GE(range.end - range.begin, kMinSplitKBlocks) << k_blocks << " " << splits;
+        next = range.end;
+      }
+      EXPECT_EQ(next, k_blocks) << k_blocks << " " << splits;
+    }
+  }
+}
+
+// The split count: none unless more than half the grid would idle (or without a workspace);
+// otherwise as many as one wave holds, within the K-block and capacity limits.
+TEST(SplitK, SplitsOnlyLaunchesThatLeaveMostOfTheGridIdle) {
+  EXPECT_EQ(choose_splits(512, 132, 56, 4096), 1u);   // 3.9 waves
+  EXPECT_EQ(choose_splits(132, 132, 56, 4096), 1u);   // one full wave
+  EXPECT_EQ(choose_splits(112, 132, 56, 4096), 1u);   // most SMs already stream
+  EXPECT_EQ(choose_splits(67, 132, 56, 4096), 1u);
+  EXPECT_EQ(choose_splits(66, 132, 56, 4096), 2u);    // half the grid
+  EXPECT_EQ(choose_splits(48, 132, 23, 4096), 2u);
+  EXPECT_EQ(choose_splits(32, 132, 16, 4096), 4u);    // 4 splits of 4 K blocks
+  EXPECT_EQ(choose_splits(32, 132, 56, 4096), 4u);    // one wave holds 4 x 32
+  EXPECT_EQ(choose_splits(10, 132, 56, 4096), 8u);    // at most kMaxSplits
+  EXPECT_EQ(choose_splits(32, 132, 16, 100), 3u);     // capacity: 32 x 3 units
+  EXPECT_EQ(choose_splits(32, 132, 16, 0), 1u);       // no workspace
+  EXPECT_EQ(choose_splits(32, 132, 4, 4096), 1u);     // K too short to split
+  EXPECT_EQ(choose_splits(0, 132, 56, 4096), 1u);
+  for (uint32_t tiles = 1; tiles <= 600; ++tiles) {
+    const uint32_t splits = choose_splits(tiles, 132, 16, 4096);
+    ASSERT_GE(splits, 1u);
+    ASSERT_LE(splits * kMinSplitKBlocks, 16u);
+    EXPECT_LE(tiles * splits, std::max(tiles, 132u)) << tiles;  // never more than one wave of units
+  }
+}
+
 template <bool kUnroll>
 std::vector<KBlockVisit> visits(RingPosition<4>& ring, uint32_t k_blocks) {
   std::vector<KBlockVisit> seen;
-  for_each_k_block<kUnroll>(ring, k_blocks,
+  for_each_k_block<kUnroll>(ring, KRange{0, k_blocks},
                             [&](uint32_t stage, uint32_t phase, uint32_t kb) { seen.emplace_back(stage, phase, kb); });
   return seen;
 }

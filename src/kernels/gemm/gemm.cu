@@ -59,6 +59,11 @@ void validate_operands(const GemmOperands& operands, uint32_t element_bytes, boo
             "act_scales", "must be a 16-byte aligned device pointer for the ", to_string(operands.recipe), " recipe");
   }
   require(operands.timeout_ns > 0, "timeout_ns", "must be positive");
+  const SplitWorkspace& workspace = operands.split_workspace;
+  require(workspace.data == nullptr || reinterpret_cast<uintptr_t>(workspace.data) % 16 == 0,
+          "split_workspace.data", "must be a 16-byte aligned device pointer or nullptr");
+  require(workspace.data == nullptr || workspace.bytes > kSplitPartialsOffset, "split_workspace.bytes",
+          "must exceed the ", kSplitPartialsOffset, " bytes of its counters, got ", workspace.bytes);
 }
 
 }  // namespace

@@ -17,6 +17,15 @@
 
 namespace megamoe::gemm {
 
+// Scratch for split K (decode launches whose tiles would leave most of the grid idle; scheduler.cuh,
+// split_k.cuh): zeroed once by its owner, then left at zero by every launch. One launch at a time
+// may use it. Without it (data nullptr) tiles are never split. The layer's buffer holds one of
+// kGemmSplitWorkspaceBytes (layout.h).
+struct SplitWorkspace {
+  void* data = nullptr;  // 16-byte aligned
+  uint64_t bytes = 0;
+};
+
 struct GemmOperands {
   Recipe recipe = Recipe::fp8;
   uint32_t num_groups = 0;  // groups the weight tensor holds (TMA bounds)
@@ -33,6 +42,7 @@ struct GemmOperands {
   uint64_t timeout_ns = 0;
   ControlBlock* control = nullptr;  // where a stuck pipeline is recorded (nullable)
   uint32_t rank = 0;             // for that record
+  SplitWorkspace split_workspace;  // the first job's serves the launch
 };
 
 // L1 output: SiLU(gate) * up * route weight, re-quantized per 1x128 (fp8) or BF16, into `acts`

@@ -53,6 +53,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
     cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
   }
   __syncthreads();
+  // Split K only for decode tiles: tokens_on_m's staggered warpgroups assume whole tiles.
+  scheduler.plan_splits(first.k_blocks, two_jobs ? jobs.job[1].args.k_blocks : 0,
+                        Config::kLayout == TileLayout::weights_on_m ? jobs.split.capacity_units : 0);
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_decrease<kProducerRegisters>();
@@ -77,19 +80,25 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
   const uint32_t math_thread = thread - 128;
   RingPosition<Config::kStages> ring;
   float acc[2][Config::kAccRegs];
-  const uint32_t num_tiles = scheduler.num_tiles();
+  const uint32_t num_units = scheduler.num_units();
   // tokens_on_m: warpgroup 1 starts kStaggerKBlocks behind warpgroup 0 (pipeline.cuh).
   constexpr bool kStaggered = Config::kLayout == TileLayout::tokens_on_m;
   constexpr uint32_t kNoStagger = ~0u;
-  if (kStaggered && math_warpgroup == 1 && blockIdx.x < num_tiles) stagger_wait();
-  for (uint32_t index = blockIdx.x; index < num_tiles; index += gridDim.x) {
-    const Tile tile = scheduler.tile(index);
+  if (kStaggered && math_warpgroup == 1 && blockIdx.x < num_units) stagger_wait();
+  for (uint32_t index = blockIdx.x; index < num_units; index += gridDim.x) {
+    const WorkUnit unit = scheduler.unit(index);
+    const Tile& tile = unit.tile;
     const GemmJob<Epilogue>& job = jobs.job[tile.job];
     const auto prefetched = job.epilogue.prefetch(tile, math_warpgroup, warp, lane);
     const uint32_t stagger_kb = kStaggered && math_warpgroup == 0 && index == blockIdx.x
                                     ? min(kStaggerKBlocks, job.args.k_blocks - 1)
                                     : kNoStagger;
-    consume_tile<Config>(smem, ring, tile, job.args, math_warpgroup, warp, lane, stagger_kb, acc);
+    consume_unit<Config>(smem, ring, unit, job.args, math_warpgroup, warp, lane, stagger_kb, acc);
+    if constexpr (Config::kLayout == TileLayout::weights_on_m) {
+      if (scheduler.splits > 1 &&
+          !gather_splits<Config>(jobs.split, unit, scheduler.splits, smem.split_flag(), math_thread, acc))
+        continue;
+    }
     job.epilogue.apply(smem, tile, acc, prefetched, math_warpgroup, warp, lane, math_thread);
   }
   // Results may have gone to peers' buffers: make them visible system-wide before whatever barrier

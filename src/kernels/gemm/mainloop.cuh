@@ -12,6 +12,7 @@
 #include "kernels/gemm/e2m1.cuh"
 #include "kernels/gemm/pipeline.cuh"
 #include "kernels/gemm/scheduler.cuh"
+#include "kernels/gemm/split_k.cuh"
 #include "kernels/ptx/wgmma.cuh"
 
 namespace megamoe::gemm {
@@ -45,19 +46,21 @@ template <class Epilogue>
 struct GemmJobs {
   GemmJob<Epilogue> job[kMaxJobs];
   uint32_t num_jobs;
+  SplitArgs split;  // the launch's split-K workspace (weights_on_m only)
 };
 
 template <class Config, class Epilogue>
 __device__ void produce(const SharedStorage<Config>& smem, const TileScheduler<Config::kBlockN>& scheduler,
                         const GemmJobs<Epilogue>& jobs) {
   RingPosition<Config::kStages> ring;
-  const uint32_t num_tiles = scheduler.num_tiles();
-  for (uint32_t index = blockIdx.x; index < num_tiles; index += gridDim.x) {
-    const Tile tile = scheduler.tile(index);
+  const uint32_t num_units = scheduler.num_units();
+  for (uint32_t index = blockIdx.x; index < num_units; index += gridDim.x) {
+    const WorkUnit unit = scheduler.unit(index);
+    const Tile& tile = unit.tile;
     const GemmJob<Epilogue>& job = jobs.job[tile.job];
     const MainloopArgs& args = job.args;
     const int32_t weight_row = static_cast<int32_t>(tile.group * args.n_out + tile.m_tile * Config::kBlockM);
-    for (uint32_t kb = 0; kb < args.k_blocks; ++kb) {
+    for (uint32_t kb = unit.k_blocks.begin; kb < unit.k_blocks.end; ++kb) {
       wait_barrier(smem.empty(ring.stage), ring.phase ^ 1, args.watch, ring.stage);
       uint64_t* full = smem.full(ring.stage);
       const uint32_t stage_bytes = Config::kStageTxBytes;  // by value: the wrapper takes a reference
@@ -129,10 +132,11 @@ __device__ void convert_weights(const SharedStorage<Config>& smem, const TileSch
   constexpr uint32_t kThreads = 32 * Config::kConverterWarps;
   constexpr uint32_t kGroups = Config::kBlockM * (Config::kBlockK / 32);
   RingPosition<Config::kStages> ring;
-  const uint32_t num_tiles = scheduler.num_tiles();
-  for (uint32_t index = blockIdx.x; index < num_tiles; index += gridDim.x) {
-    const MainloopArgs& args = jobs.job[scheduler.tile(index).job].args;
-    for (uint32_t kb = 0; kb < args.k_blocks; ++kb) {
+  const uint32_t num_units = scheduler.num_units();
+  for (uint32_t index = blockIdx.x; index < num_units; index += gridDim.x) {
+    const WorkUnit unit = scheduler.unit(index);
+    const MainloopArgs& args = jobs.job[unit.tile.job].args;
+    for (uint32_t kb = unit.k_blocks.begin; kb < unit.k_blocks.end; ++kb) {
       wait_barrier(smem.raw_full(ring.stage), ring.phase, args.watch, ring.stage);
 #pragma unroll 1
       for (uint32_t group = thread; group < kGroups; group += kThreads) expand_weight_group(smem, ring.stage, group);
@@ -180,24 +184,24 @@ __device__ __forceinline__ void issue_k_block(ptx::SmemDescSw128 desc_a, ptx::Sm
   ptx::wgmma_commit();
 }
 
-// Runs step(stage, phase, kb) for K blocks 0..k_blocks-1 over the ring. When the ring is at stage 0
-// and k_blocks fills whole ring passes (DeepSeek-V3's shapes), the stages are unrolled: every stage
+// Runs step(stage, phase, kb) for K blocks k_blocks.begin..end-1 over the ring. When the ring is at
+// stage 0 and the range fills whole ring passes (DeepSeek-V3's shapes), the stages are unrolled: every stage
 // index is then a constant, so shared-memory addresses and wgmma descriptors fold to constants
 // instead of being rebuilt (and moved to uniform registers) each K block. (Not for fp8_fp4, whose
 // math warpgroups have fewer registers: the unrolled loop spills there.)
 // (Host and device: the CPU tests check its ring bookkeeping; the kernels pass device lambdas.)
 #pragma nv_exec_check_disable
 template <bool kUnroll, uint32_t kStages, class Step>
-__host__ __device__ __forceinline__ void for_each_k_block(RingPosition<kStages>& ring, uint32_t k_blocks,
+__host__ __device__ __forceinline__ void for_each_k_block(RingPosition<kStages>& ring, KRange k_blocks,
                                                           const Step& step) {
-  if (kUnroll && ring.stage == 0 && k_blocks % kStages == 0) {
-    for (uint32_t kb = 0; kb < k_blocks; kb += kStages) {
+  if (kUnroll && ring.stage == 0 && (k_blocks.end - k_blocks.begin) % kStages == 0) {
+    for (uint32_t kb = k_blocks.begin; kb < k_blocks.end; kb += kStages) {
 #pragma unroll
       for (uint32_t s = 0; s < kStages; ++s) step(s, ring.phase, kb + s);
       ring.phase ^= 1;
     }
   } else {
-    for (uint32_t kb = 0; kb < k_blocks; ++kb) {
+    for (uint32_t kb = k_blocks.begin; kb < k_blocks.end; ++kb) {
       step(ring.stage, ring.phase, kb);
       ring.advance();
     }
@@ -207,8 +211,8 @@ __host__ __device__ __forceinline__ void for_each_k_block(RingPosition<kStages>&
 // weights_on_m: acc[j] is m64 block j of this warpgroup's 128 weight rows x BLOCK_N tokens.
 template <class Config>
 __device__ void consume_weights_on_m(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
-                                     const Tile& tile, const MainloopArgs& args, uint32_t warpgroup, uint32_t lane,
-                                     float (&acc)[2][Config::kAccRegs]) {
+                                     const Tile& tile, KRange k_blocks, const MainloopArgs& args, uint32_t warpgroup,
+                                     uint32_t lane, float (&acc)[2][Config::kAccRegs]) {
   using Policy = typename Config::Policy;
   using Mma = typename Policy::template Mma<Config::kBlockN>;
   constexpr uint32_t kM64Bytes = 64 * Config::kRowBytes;
@@ -217,7 +221,7 @@ __device__ void consume_weights_on_m(const SharedStorage<Config>& smem, RingPosi
   const uint32_t group_row_blocks_end = (tile.group + 1) * args.n_out / 64;
 
   const PipelineWatch watch = args.watch;
-  for_each_k_block<!Config::kPacked>(ring, args.k_blocks, [&](uint32_t stage, uint32_t phase, uint32_t kb) {
+  for_each_k_block<!Config::kPacked>(ring, k_blocks, [&](uint32_t stage, uint32_t phase, uint32_t kb) {
     wait_barrier(smem.full(stage), phase, watch, stage);
     const ptx::SmemDescSw128 desc_tokens = smem.tokens_desc(stage);
     if constexpr (Policy::kScaled) {
@@ -243,7 +247,7 @@ __device__ void consume_weights_on_m(const SharedStorage<Config>& smem, RingPosi
 #pragma unroll
       for (uint32_t j = 0; j < 2; ++j) {
         const ptx::SmemDescSw128 desc_weights = smem.weights_desc(stage).plus((2 * warpgroup + j) * kM64Bytes);
-        issue_k_block<Config, Mma>(desc_weights, desc_tokens, acc[j], kb > 0);
+        issue_k_block<Config, Mma>(desc_weights, desc_tokens, acc[j], kb > k_blocks.begin);
       }
       ptx::wgmma_wait<0>();
       ptx::fence_registers(acc[0]);
@@ -259,8 +263,8 @@ __device__ void consume_weights_on_m(const SharedStorage<Config>& smem, RingPosi
 // while one warpgroup promotes only through the other warpgroup's wgmmas.
 template <class Config>
 __device__ void consume_tokens_on_m_scaled(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
-                                           const Tile& tile, const MainloopArgs& args, uint32_t warpgroup,
-                                           uint32_t warp, uint32_t lane, uint32_t stagger_kb,
+                                           const Tile& tile, KRange k_blocks, const MainloopArgs& args,
+                                           uint32_t warpgroup, uint32_t warp, uint32_t lane, uint32_t stagger_kb,
                                            float (&acc)[2][Config::kAccRegs]) {
   using Mma = typename Config::Policy::template Mma<128>;
   constexpr uint32_t kHalfBytes = 128 * Config::kRowBytes;
@@ -270,9 +274,9 @@ __device__ void consume_tokens_on_m_scaled(const SharedStorage<Config>& smem, Ri
   const uint32_t scale_row = (tile.row_begin & (Config::kScaleAlignRows - 1)) + token;
   // The tile's four 64-row weight blocks' scales, walked along K (one pointer, a fixed stride);
   // blocks past the group's end (a partial last tile) read none and contribute zero.
-  const uint32_t k_blocks = args.k_blocks;
+  const uint32_t scale_stride = args.k_blocks;
   const uint32_t valid_blocks = min(4u, group_row_blocks_end - first_row_block);
-  const float* block_scales = args.weight_scales + first_row_block * k_blocks;
+  const float* block_scales = args.weight_scales + first_row_block * scale_stride;
   const PipelineWatch watch = args.watch;
 
   float partial[Config::kAccRegs];
@@ -280,7 +284,7 @@ __device__ void consume_tokens_on_m_scaled(const SharedStorage<Config>& smem, Ri
     if (kb == stagger_kb) stagger_arrive();
     float row_scales[4];  // loaded before the wait
 #pragma unroll
-    for (uint32_t b = 0; b < 4; ++b) row_scales[b] = b < valid_blocks ? __ldg(block_scales + b * k_blocks + kb) : 0.0f;
+    for (uint32_t b = 0; b < 4; ++b) row_scales[b] = b < valid_blocks ? __ldg(block_scales + b * scale_stride + kb) : 0.0f;
     wait_barrier(smem.full(stage), phase, watch, stage);
     const ptx::SmemDescSw128 desc_tokens = smem.tokens_desc(stage, 64 * warpgroup);
     const float* act_scales = smem.act_scales(stage) + scale_row;
@@ -308,17 +312,18 @@ __device__ void consume_tokens_on_m_scaled(const SharedStorage<Config>& smem, Ri
 // kb + 1's are issued; kb's stage is released once they complete.
 template <class Config>
 __device__ void consume_tokens_on_m_unscaled(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
-                                             const MainloopArgs& args, uint32_t warpgroup, uint32_t lane,
-                                             uint32_t stagger_kb, float (&acc)[2][Config::kAccRegs]) {
+                                             KRange k_blocks, const MainloopArgs& args, uint32_t warpgroup,
+                                             uint32_t lane, uint32_t stagger_kb, float (&acc)[2][Config::kAccRegs]) {
   using Mma = typename Config::Policy::template Mma<2 * 128>;
   float(&tile_acc)[2 * Config::kAccRegs] = reinterpret_cast<float(&)[2 * Config::kAccRegs]>(acc);
   const PipelineWatch watch = args.watch;
   uint32_t held_stage = 0;
-  for_each_k_block<true>(ring, args.k_blocks, [&](uint32_t stage, uint32_t phase, uint32_t kb) {
+  for_each_k_block<true>(ring, k_blocks, [&](uint32_t stage, uint32_t phase, uint32_t kb) {
     if (kb == stagger_kb) stagger_arrive();
     wait_barrier(smem.full(stage), phase, watch, stage);
-    issue_k_block<Config, Mma>(smem.tokens_desc(stage, 64 * warpgroup), smem.weights_desc(stage), tile_acc, kb > 0);
-    if (kb > 0) {
+    const bool accumulate = kb > k_blocks.begin;
+    issue_k_block<Config, Mma>(smem.tokens_desc(stage, 64 * warpgroup), smem.weights_desc(stage), tile_acc, accumulate);
+    if (accumulate) {
       ptx::wgmma_wait<1>();  // K block kb - 1's group
       release_stage_at(smem, held_stage, lane);
     }
@@ -333,36 +338,38 @@ __device__ void consume_tokens_on_m_unscaled(const SharedStorage<Config>& smem, 
 // Thread (warp, lane) holds tokens 64w + 16 warp + lane / 4 (+ 8 for registers with i % 4 >= 2).
 template <class Config>
 __device__ void consume_tokens_on_m(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
-                                    const Tile& tile, const MainloopArgs& args, uint32_t warpgroup, uint32_t warp,
-                                    uint32_t lane, uint32_t stagger_kb, float (&acc)[2][Config::kAccRegs]) {
+                                    const Tile& tile, KRange k_blocks, const MainloopArgs& args, uint32_t warpgroup,
+                                    uint32_t warp, uint32_t lane, uint32_t stagger_kb,
+                                    float (&acc)[2][Config::kAccRegs]) {
   // A last partial tile may leave this warpgroup's 64 tokens empty: it skips the wgmmas, so the tile
   // costs the other warpgroup's half of the tensor-core time.
   if (64 * warpgroup >= tile.rows) {
-    for (uint32_t kb = 0; kb < args.k_blocks; ++kb) {
+    for (uint32_t kb = k_blocks.begin; kb < k_blocks.end; ++kb) {
       wait_barrier(smem.full(ring.stage), ring.phase, args.watch, ring.stage);
       release_stage(smem, ring, lane);
     }
     return;
   }
   if constexpr (Config::Policy::kScaled)
-    consume_tokens_on_m_scaled<Config>(smem, ring, tile, args, warpgroup, warp, lane, stagger_kb, acc);
+    consume_tokens_on_m_scaled<Config>(smem, ring, tile, k_blocks, args, warpgroup, warp, lane, stagger_kb, acc);
   else
-    consume_tokens_on_m_unscaled<Config>(smem, ring, args, warpgroup, lane, stagger_kb, acc);
+    consume_tokens_on_m_unscaled<Config>(smem, ring, k_blocks, args, warpgroup, lane, stagger_kb, acc);
 }
 
-// Accumulates one tile into acc (FP32), in the layout of the config.
+// Accumulates one work unit (a tile, or a split of its K range) into acc (FP32), in the layout of the config.
 template <class Config>
-__device__ void consume_tile(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
-                             const Tile& tile, const MainloopArgs& args, uint32_t warpgroup, uint32_t warp,
+__device__ void consume_unit(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
+                             const WorkUnit& unit, const MainloopArgs& args, uint32_t warpgroup, uint32_t warp,
                              uint32_t lane, uint32_t stagger_kb, float (&acc)[2][Config::kAccRegs]) {
+  const Tile& tile = unit.tile;
 #pragma unroll
   for (uint32_t j = 0; j < 2; ++j)
 #pragma unroll
     for (uint32_t i = 0; i < Config::kAccRegs; ++i) acc[j][i] = 0.0f;
   if constexpr (Config::kLayout == TileLayout::weights_on_m)
-    consume_weights_on_m<Config>(smem, ring, tile, args, warpgroup, lane, acc);
+    consume_weights_on_m<Config>(smem, ring, tile, unit.k_blocks, args, warpgroup, lane, acc);
   else
-    consume_tokens_on_m<Config>(smem, ring, tile, args, warpgroup, warp, lane, stagger_kb, acc);
+    consume_tokens_on_m<Config>(smem, ring, tile, unit.k_blocks, args, warpgroup, warp, lane, stagger_kb, acc);
 }
 
 }  // namespace megamoe::gemm

@@ -86,10 +86,11 @@ struct GemmConfig {
   static constexpr uint32_t kExchangeBytes =
       kLayout == TileLayout::weights_on_m ? (4 * kMathWarpgroups + 2) * kBlockN * 4 : 0;
   static constexpr uint32_t kSchedulerBytes = 2 * (kMaxGroups + 1) * 4;
+  static constexpr uint32_t kFlagBytes = 16;  // split K: whether this CTA's unit was its tile's last
 
   static constexpr uint32_t kSmemLimit = 227 * 1024;
   static constexpr uint32_t kFixedBytes = 1024 /* alignment slack */ + kStagingBytes + kExchangeBytes +
-                                          kSchedulerBytes + kTableBytes + 3 * 8 * 16 /* barriers */;
+                                          kSchedulerBytes + kFlagBytes + kTableBytes + 3 * 8 * 16 /* barriers */;
   static constexpr uint32_t kStageBytes = kWeightBytes + kTokenBytes + kScaleStride + kRawStride;
   static constexpr uint32_t kStagesFit = (kSmemLimit - kFixedBytes) / kStageBytes;
   static constexpr uint32_t kStages = kStagesFit > 8 ? 8 : kStagesFit;
@@ -105,7 +106,8 @@ struct GemmConfig {
   static constexpr uint32_t kRawFullOffset = kEmptyOffset + kStages * 8;
   static constexpr uint32_t kTableOffset = kRawFullOffset + kStages * 8;
   static constexpr uint32_t kSchedulerOffset = kTableOffset + kTableBytes;
-  static constexpr uint32_t kExchangeOffset = kSchedulerOffset + kSchedulerBytes;
+  static constexpr uint32_t kFlagOffset = kSchedulerOffset + kSchedulerBytes;
+  static constexpr uint32_t kExchangeOffset = kFlagOffset + kFlagBytes;
   static constexpr uint32_t kStagingOffset = (kExchangeOffset + kExchangeBytes + 127) / 128 * 128;
   static constexpr uint32_t kSmemBytes = kStagingOffset + kStagingBytes + 1024;
   static_assert(kSmemBytes <= kSmemLimit, "shared memory budget exceeded");
@@ -152,6 +154,7 @@ struct SharedStorage {
     return reinterpret_cast<uint64_t*>(base + Config::kEmptyOffset) + stage;
   }
   __device__ uint32_t* scheduler() const { return reinterpret_cast<uint32_t*>(base + Config::kSchedulerOffset); }
+  __device__ uint32_t* split_flag() const { return reinterpret_cast<uint32_t*>(base + Config::kFlagOffset); }
   __device__ float* exchange() const { return reinterpret_cast<float*>(base + Config::kExchangeOffset); }
   __device__ uint8_t* staging() const { return base + Config::kStagingOffset; }
 

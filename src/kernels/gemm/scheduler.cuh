@@ -10,6 +10,12 @@
 //
 // A launch may carry a second job of one group with host-known rows (the shared experts next to the
 // routed ones): its tiles follow the first job's, so one persistent grid balances both.
+//
+// Split K (decode tiles only): when the tiles would leave most of the grid idle (few active experts,
+// as in decode over many ranks or a small batch), each tile's K range is cut into `splits` work
+// units (consecutive indices), so that more SMs stream the weights. Each unit publishes its FP32
+// partial sums; the tile's last unit to finish adds them up in split order and runs the epilogue
+// (split_k.cuh).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +26,32 @@ namespace megamoe::gemm {
 
 inline constexpr uint32_t kMaxGroups = 1024;
 inline constexpr uint32_t kBandTokenTiles = 8;
+inline constexpr uint32_t kMaxSplits = 8;
+inline constexpr uint32_t kMinSplitKBlocks = 4;  // K blocks per unit, so a unit still streams its stages
+
+// The split count for `tiles` tiles of k_blocks K blocks on `grid` CTAs. Decode is weight streaming:
+// once half the SMs stream, splitting measured slower (its partial round trips cost more than the
+// idle SMs), so only launches that leave more than half the grid idle split, as far as one wave
+// holds. Bounded by the workspace's units and by K blocks per unit. Host and device: the kernel
+// picks it from the device-side tile count.
+__host__ __device__ constexpr uint32_t choose_splits(uint32_t tiles, uint32_t grid, uint32_t k_blocks,
+                                                     uint32_t capacity_units) {
+  if (tiles == 0 || 2 * tiles > grid) return 1;
+  uint32_t splits = grid / tiles;
+  if (splits > kMaxSplits) splits = kMaxSplits;
+  if (splits > k_blocks / kMinSplitKBlocks) splits = k_blocks / kMinSplitKBlocks;
+  if (splits > capacity_units / tiles) splits = capacity_units / tiles;
+  return splits > 1 ? splits : 1;
+}
+
+// K blocks [begin, end) of split `split` of `splits` over k_blocks.
+struct KRange {
+  uint32_t begin;
+  uint32_t end;
+};
+__host__ __device__ constexpr KRange split_k_range(uint32_t k_blocks, uint32_t split, uint32_t splits) {
+  return {split * k_blocks / splits, (split + 1) * k_blocks / splits};
+}
 
 // Where tile `local` of a group with n_tiles token tiles and m_tiles weight tiles lies: bands of
 // kBandTokenTiles token tiles, each walked m-major (the last band may hold fewer token tiles).
@@ -51,6 +83,14 @@ struct Tile {
   uint32_t rows;       // valid tokens in the tile, 1..BLOCK_N
 };
 
+// One work unit: a tile, or one split of its K range.
+struct WorkUnit {
+  Tile tile;
+  uint32_t tile_index;
+  uint32_t split;
+  KRange k_blocks;
+};
+
 template <uint32_t kBlockN>
 struct TileScheduler {
   uint32_t* tile_prefix;  // shared memory, num_groups + 1 entries (the first job)
@@ -59,6 +99,8 @@ struct TileScheduler {
   uint32_t m_tiles;
   uint32_t second_rows;     // the second job's rows (0: no second job)
   uint32_t second_m_tiles;
+  uint32_t splits = 1;      // work units per tile (plan_splits)
+  uint32_t first_k_blocks, second_k_blocks;
 
   // All threads of the CTA call this, followed by a CTA-wide barrier. `second` must be a single
   // group of fixed rows.
@@ -107,6 +149,24 @@ struct TileScheduler {
   __device__ uint32_t first_job_tiles() const { return tile_prefix[num_groups]; }
   __device__ uint32_t num_tiles() const {
     return first_job_tiles() + second_m_tiles * ((second_rows + kBlockN - 1) / kBlockN);
+  }
+
+  // After build's barrier: every thread derives the same split count from the tile count.
+  // capacity_units = 0 keeps every tile whole.
+  __device__ void plan_splits(uint32_t first_job_k_blocks, uint32_t second_job_k_blocks, uint32_t capacity_units) {
+    first_k_blocks = first_job_k_blocks;
+    second_k_blocks = second_job_k_blocks;
+    const uint32_t min_k_blocks = second_rows > 0 && second_k_blocks < first_k_blocks ? second_k_blocks : first_k_blocks;
+    splits = choose_splits(num_tiles(), gridDim.x, min_k_blocks, capacity_units);
+  }
+  __device__ uint32_t num_units() const { return num_tiles() * splits; }
+  __device__ WorkUnit unit(uint32_t index) const {
+    WorkUnit work;
+    work.tile_index = index / splits;
+    work.split = index - work.tile_index * splits;
+    work.tile = tile(work.tile_index);
+    work.k_blocks = split_k_range(work.tile.job == 0 ? first_k_blocks : second_k_blocks, work.split, splits);
+    return work;
   }
 
   __device__ Tile tile(uint32_t index) const {
