@@ -246,10 +246,10 @@ TEST(BufferLayout, DeepSeekV3HandComputedSizes) {
   // No front ring.
   EXPECT_EQ(l.front_ring.offset, 584791 * kPage);
   EXPECT_EQ(l.front_ring.bytes, 0u);
-  // The GEMM's split-K workspace: 1024 counters + 132 x 64 KiB = 2113 pages.
+  // The GEMM's split-K workspace: 1024 counters + 132 x 16 KiB = 529 pages.
   EXPECT_EQ(l.gemm_split.offset, 584791 * kPage);
-  EXPECT_EQ(l.gemm_split.bytes, 4096u + 132u * 65536u);
-  EXPECT_EQ(l.total_bytes, 586904 * kPage);  // 2403958784 bytes, about 2.24 GiB
+  EXPECT_EQ(l.gemm_split.bytes, 4096u + 132u * 16384u);
+  EXPECT_EQ(l.total_bytes, 585320 * kPage);  // 2397470720 bytes, about 2.23 GiB
 }
 
 TEST(BufferLayout, Bf16HasNoScaleRegions) {

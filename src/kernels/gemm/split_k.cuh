@@ -21,6 +21,11 @@ namespace megamoe::gemm {
 inline constexpr uint32_t kSplitCounters = kGemmSplitCounters;  // tiles a split launch may have (layout.h)
 inline constexpr uint64_t kSplitPartialsOffset = kSplitCounters * sizeof(uint32_t);
 
+// Only 16-token tiles split: with 64 tokens a unit's partials are 64 KiB, and their round trip cost
+// more than the idle SMs in 3 of the 4 measured launches (L2 at 1 expert x 64 tokens: 0.81x fp8,
+// 0.89x bf16).
+inline constexpr uint32_t kMaxSplitTokenTile = 16;
+
 // Partial bytes of one work unit: every math thread's accumulators.
 template <class Config>
 inline constexpr uint64_t kSplitUnitBytes = uint64_t{Config::kMathThreads} * 2 * Config::kAccRegs * sizeof(float);
