@@ -203,7 +203,7 @@ uint32_t expected_splits(const Case& c, uint32_t n_out, uint32_t k) {
   for (uint32_t rows : c.rows_per_group) tiles += (rows + shape.block_n - 1) / shape.block_n * ((n_out + 255) / 256);
   const uint32_t k_blocks = k / (c.recipe == Recipe::bf16 ? 64 : 128);
   const uint32_t capacity = gemm::split_capacity_units(kGemmSplitWorkspaceBytes, uint64_t{256} * shape.block_n * 4);
-  return gemm::choose_splits(tiles, c.grid > 0 ? c.grid : multiprocessors(), k_blocks, capacity);
+  return gemm::plan_split_k(tiles, c.grid > 0 ? c.grid : multiprocessors(), k_blocks, capacity).splits;
 }
 
 gemm::GemmOperands case_operands(const Case& c, uint32_t num_groups, uint32_t n_out, uint32_t k, uint32_t rows,
@@ -493,13 +493,15 @@ MEGAMOE_GEMM_CASE(TokensOnMPartialWeightTileAndSmallGrid,
 MEGAMOE_GEMM_CASE(TokensOnMManyUnevenGroups,
                   std::vector<Case>{{GetParam(), random_rows(32, 300, 0.2, rng), 256, 256, 150, 0}})
 MEGAMOE_GEMM_CASE(AllGroupsEmpty, std::vector<Case>{{GetParam(), {0, 0, 0}, 256, 128, 1, 0}})
-// Decode tiles that leave most of the grid idle: K split 2..4 ways (hidden 2048 gives the L1 16 fp8
+// Decode tiles that leave most of the grid idle: K split 2..8 ways (hidden 2048 gives the L1 16 fp8
 // K blocks, intermediate 1024 gives the L2 8), with partial token tiles, an empty group, a group
-// of several token tiles and a small grid.
+// of several token tiles and a small grid. On a grid of 30, 32 tiles run as 30 whole ones and 2
+// split ones.
 MEGAMOE_GEMM_CASE(SplitKDecodeTilesFewerThanTheGrid,
                   std::vector<Case>{{GetParam(), {20, 3, 0, 9}, 2048, 1024, 8, 0, 2},
                                     {GetParam(), {1, 40}, 1024, 1024, 16, 0, 2},
-                                    {GetParam(), {3}, 2048, 1024, 8, 16, 2}})
+                                    {GetParam(), {3}, 2048, 1024, 8, 16, 2},
+                                    {GetParam(), {20, 3, 0, 9}, 2048, 1024, 8, 30, 2}})
 
 INSTANTIATE_TEST_SUITE_P(Recipes, GroupedGemm, ::testing::Values(Recipe::fp8, Recipe::fp8_fp4, Recipe::bf16),
                          [](const auto& info) { return std::string(to_string(info.param)); });

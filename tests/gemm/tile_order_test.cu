@@ -62,27 +62,40 @@ TEST(SplitK, RangesPartitionTheKBlocks) {
   }
 }
 
-// The split count: none unless more than half the grid would idle (or without a workspace);
-// otherwise as many as one wave holds, within the K-block and capacity limits.
-TEST(SplitK, SplitsOnlyLaunchesThatLeaveMostOfTheGridIdle) {
-  EXPECT_EQ(choose_splits(512, 132, 56, 4096), 1u);   // 3.9 waves
-  EXPECT_EQ(choose_splits(132, 132, 56, 4096), 1u);   // one full wave
-  EXPECT_EQ(choose_splits(112, 132, 56, 4096), 1u);   // most SMs already stream
-  EXPECT_EQ(choose_splits(67, 132, 56, 4096), 1u);
-  EXPECT_EQ(choose_splits(66, 132, 56, 4096), 2u);    // half the grid
-  EXPECT_EQ(choose_splits(48, 132, 23, 4096), 2u);
-  EXPECT_EQ(choose_splits(32, 132, 16, 4096), 4u);    // 4 splits of 4 K blocks
-  EXPECT_EQ(choose_splits(32, 132, 56, 4096), 4u);    // one wave holds 4 x 32
-  EXPECT_EQ(choose_splits(10, 132, 56, 4096), 8u);    // at most kMaxSplits
-  EXPECT_EQ(choose_splits(32, 132, 16, 100), 3u);     // capacity: 32 x 3 units
-  EXPECT_EQ(choose_splits(32, 132, 16, 0), 1u);       // no workspace
-  EXPECT_EQ(choose_splits(32, 132, 4, 4096), 1u);     // K too short to split
-  EXPECT_EQ(choose_splits(0, 132, 56, 4096), 1u);
+// The split plan: none unless the last wave's tiles would leave more than half the grid idle (or
+// without a workspace); otherwise those tiles split as many ways as one wave holds, within the
+// K-block and capacity limits, after the whole waves' tiles.
+TEST(SplitK, SplitsOnlyALastWaveThatLeavesMostOfTheGridIdle) {
+  const auto expect_plan = [](uint32_t tiles, uint32_t k_blocks, uint32_t capacity, uint32_t whole, uint32_t splits) {
+    const SplitPlan plan = plan_split_k(tiles, 132, k_blocks, capacity);
+    EXPECT_EQ(plan.whole_tiles, whole) << tiles << " tiles, " << k_blocks << " K blocks, capacity " << capacity;
+    EXPECT_EQ(plan.splits, splits) << tiles << " tiles, " << k_blocks << " K blocks, capacity " << capacity;
+  };
+  expect_plan(512, 56, 4096, 512, 1);  // last wave 116 of 132 tiles
+  expect_plan(132, 56, 4096, 132, 1);  // one full wave
+  expect_plan(112, 56, 4096, 112, 1);  // most SMs already stream
+  expect_plan(252, 16, 4096, 252, 1);
+  expect_plan(67, 56, 4096, 67, 1);
+  expect_plan(66, 56, 4096, 0, 2);     // half the grid
+  expect_plan(48, 23, 4096, 0, 2);
+  expect_plan(32, 16, 4096, 0, 4);     // 4 splits of 4 K blocks
+  expect_plan(10, 56, 4096, 0, 8);     // at most kMaxSplits
+  expect_plan(144, 56, 4096, 132, 8);  // one whole wave, then 12 tiles 8 ways
+  expect_plan(270, 56, 4096, 264, 8);  // two whole waves, then 6 tiles
+  expect_plan(32, 16, 100, 0, 3);      // capacity: 32 x 3 units
+  expect_plan(32, 16, 0, 32, 1);       // no workspace
+  expect_plan(32, 4, 4096, 32, 1);     // K too short to split
+  expect_plan(0, 56, 4096, 0, 1);
   for (uint32_t tiles = 1; tiles <= 600; ++tiles) {
-    const uint32_t splits = choose_splits(tiles, 132, 16, 4096);
-    ASSERT_GE(splits, 1u);
-    ASSERT_LE(splits * kMinSplitKBlocks, 16u);
-    EXPECT_LE(tiles * splits, std::max(tiles, 132u)) << tiles;  // never more than one wave of units
+    const SplitPlan plan = plan_split_k(tiles, 132, 16, 4096);
+    ASSERT_GE(plan.splits, 1u);
+    ASSERT_LE(plan.splits * kMinSplitKBlocks, 16u);
+    if (plan.splits == 1) {
+      EXPECT_EQ(plan.whole_tiles, tiles);
+    } else {
+      EXPECT_EQ(plan.whole_tiles % 132, 0u) << tiles;                    // whole waves first
+      EXPECT_LE((tiles - plan.whole_tiles) * plan.splits, 132u) << tiles;  // then one wave of units
+    }
   }
 }
 

@@ -96,9 +96,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
                                     : kNoStagger;
     consume_unit<Config>(smem, ring, unit, job.args, math_warpgroup, warp, lane, stagger_kb, acc);
     if constexpr (Config::kLayout == TileLayout::weights_on_m && Config::kBlockN <= kMaxSplitTokenTile) {
-      if (scheduler.splits > 1 &&
-          !gather_splits<Config>(jobs.split, unit, scheduler.splits, smem.split_flag(), math_thread, acc))
-        continue;
+      if (unit.splits > 1 && !gather_splits<Config>(jobs.split, unit, smem.split_flag(), math_thread, acc)) continue;
     }
     job.epilogue.apply(smem, tile, acc, prefetched, math_warpgroup, warp, lane, math_thread);
   }

@@ -11,11 +11,11 @@
 // A launch may carry a second job of one group with host-known rows (the shared experts next to the
 // routed ones): its tiles follow the first job's, so one persistent grid balances both.
 //
-// Split K (decode tiles only): when the tiles would leave most of the grid idle (few active experts,
-// as in decode over many ranks or a small batch), each tile's K range is cut into `splits` work
-// units (consecutive indices), so that more SMs stream the weights. Each unit publishes its FP32
-// partial sums; the tile's last unit to finish adds them up in split order and runs the epilogue
-// (split_k.cuh).
+// Split K (decode tiles only): when the last wave's tiles would leave most of the grid idle (few
+// active experts, or a few tiles past a whole wave), each of those tiles' K range is cut into
+// `splits` work units (consecutive indices after the whole tiles), so that more SMs stream the
+// weights. Each unit publishes its FP32 partial sums; the tile's last unit to finish adds them up
+// in split order and runs the epilogue (split_k.cuh).
 #pragma once
 
 #include <cstdint>
@@ -29,19 +29,27 @@ inline constexpr uint32_t kBandTokenTiles = 8;
 inline constexpr uint32_t kMaxSplits = 8;
 inline constexpr uint32_t kMinSplitKBlocks = 4;  // K blocks per unit, so a unit still streams its stages
 
-// The split count for `tiles` tiles of k_blocks K blocks on `grid` CTAs. Decode is weight streaming:
-// once half the SMs stream, splitting measured slower (its partial round trips cost more than the
-// idle SMs), so only launches that leave more than half the grid idle split, as far as one wave
-// holds. Bounded by the workspace's units and by K blocks per unit. Host and device: the kernel
-// picks it from the device-side tile count.
-__host__ __device__ constexpr uint32_t choose_splits(uint32_t tiles, uint32_t grid, uint32_t k_blocks,
+// Which tiles split, and how many ways: the last wave's tiles (tiles mod grid; all of them with
+// fewer tiles than CTAs), when they would leave more than half the grid idle, each into as many
+// units as that wave holds. Decode is weight streaming: once half the SMs stream, splitting
+// measured slower (the partials' round trips cost more than the idle SMs). Bounded by the
+// workspace's units and by K blocks per unit. Host and device: the kernel plans from the
+// device-side tile count.
+struct SplitPlan {
+  uint32_t whole_tiles;  // tiles [0, whole_tiles) run whole; the rest split
+  uint32_t splits;       // units per split tile (1: nothing splits)
+};
+__host__ __device__ constexpr SplitPlan plan_split_k(uint32_t tiles, uint32_t grid, uint32_t k_blocks,
                                                      uint32_t capacity_units) {
-  if (tiles == 0 || 2 * tiles > grid) return 1;
-  uint32_t splits = grid / tiles;
+  const SplitPlan whole{tiles, 1};
+  if (grid == 0) return whole;
+  const uint32_t tail = tiles % grid;
+  if (tail == 0 || 2 * tail > grid) return whole;
+  uint32_t splits = grid / tail;
   if (splits > kMaxSplits) splits = kMaxSplits;
   if (splits > k_blocks / kMinSplitKBlocks) splits = k_blocks / kMinSplitKBlocks;
-  if (splits > capacity_units / tiles) splits = capacity_units / tiles;
-  return splits > 1 ? splits : 1;
+  if (splits > capacity_units / tail) splits = capacity_units / tail;
+  return splits > 1 ? SplitPlan{tiles - tail, splits} : whole;
 }
 
 // K blocks [begin, end) of split `split` of `splits` over k_blocks.
@@ -86,8 +94,9 @@ struct Tile {
 // One work unit: a tile, or one split of its K range.
 struct WorkUnit {
   Tile tile;
-  uint32_t tile_index;
+  uint32_t split_tile;  // split tiles: which of them (its counter and slots)
   uint32_t split;
+  uint32_t splits;      // 1 for a whole tile
   KRange k_blocks;
 };
 
@@ -99,7 +108,7 @@ struct TileScheduler {
   uint32_t m_tiles;
   uint32_t second_rows;     // the second job's rows (0: no second job)
   uint32_t second_m_tiles;
-  uint32_t splits = 1;      // work units per tile (plan_splits)
+  SplitPlan split_plan;     // plan_splits
   uint32_t first_k_blocks, second_k_blocks;
 
   // All threads of the CTA call this, followed by a CTA-wide barrier. `second` must be a single
@@ -151,21 +160,32 @@ struct TileScheduler {
     return first_job_tiles() + second_m_tiles * ((second_rows + kBlockN - 1) / kBlockN);
   }
 
-  // After build's barrier: every thread derives the same split count from the tile count.
+  // After build's barrier: every thread derives the same plan from the tile count.
   // capacity_units = 0 keeps every tile whole.
   __device__ void plan_splits(uint32_t first_job_k_blocks, uint32_t second_job_k_blocks, uint32_t capacity_units) {
     first_k_blocks = first_job_k_blocks;
     second_k_blocks = second_job_k_blocks;
     const uint32_t min_k_blocks = second_rows > 0 && second_k_blocks < first_k_blocks ? second_k_blocks : first_k_blocks;
-    splits = choose_splits(num_tiles(), gridDim.x, min_k_blocks, capacity_units);
+    split_plan = plan_split_k(num_tiles(), gridDim.x, min_k_blocks, capacity_units);
   }
-  __device__ uint32_t num_units() const { return num_tiles() * splits; }
+  __device__ uint32_t num_units() const {
+    return split_plan.whole_tiles + (num_tiles() - split_plan.whole_tiles) * split_plan.splits;
+  }
   __device__ WorkUnit unit(uint32_t index) const {
     WorkUnit work;
-    work.tile_index = index / splits;
-    work.split = index - work.tile_index * splits;
-    work.tile = tile(work.tile_index);
-    work.k_blocks = split_k_range(work.tile.job == 0 ? first_k_blocks : second_k_blocks, work.split, splits);
+    uint32_t tile_index = index;
+    work.split_tile = 0;
+    work.split = 0;
+    work.splits = 1;
+    if (index >= split_plan.whole_tiles) {
+      const uint32_t past = index - split_plan.whole_tiles;
+      work.split_tile = past / split_plan.splits;
+      work.split = past - work.split_tile * split_plan.splits;
+      work.splits = split_plan.splits;
+      tile_index = split_plan.whole_tiles + work.split_tile;
+    }
+    work.tile = tile(tile_index);
+    work.k_blocks = split_k_range(work.tile.job == 0 ? first_k_blocks : second_k_blocks, work.split, work.splits);
     return work;
   }
 

@@ -47,11 +47,12 @@ struct SplitArgs {
 // the sum over all splits, on the tile's last unit; the others return false and skip the epilogue.
 // All math threads of the CTA call it (both math warpgroups work on the same unit).
 template <class Config>
-__device__ bool gather_splits(const SplitArgs& split, const WorkUnit& unit, uint32_t splits, uint32_t* flag,
-                              uint32_t math_thread, float (&acc)[2][Config::kAccRegs]) {
+__device__ bool gather_splits(const SplitArgs& split, const WorkUnit& unit, uint32_t* flag, uint32_t math_thread,
+                              float (&acc)[2][Config::kAccRegs]) {
   constexpr uint32_t kVectors = 2 * Config::kAccRegs / 4;
   constexpr uint32_t kThreads = Config::kMathThreads;
-  float4* tile_slots = reinterpret_cast<float4*>(split.partials) + uint64_t{unit.tile_index} * splits * kVectors * kThreads;
+  const uint32_t splits = unit.splits;
+  float4* tile_slots = reinterpret_cast<float4*>(split.partials) + uint64_t{unit.split_tile} * splits * kVectors * kThreads;
   float4* own = tile_slots + uint64_t{unit.split} * kVectors * kThreads;
 #pragma unroll
   for (uint32_t v = 0; v < kVectors; ++v) {
@@ -62,7 +63,7 @@ __device__ bool gather_splits(const SplitArgs& split, const WorkUnit& unit, uint
   __threadfence();
   math_barrier<Config>();
   if (math_thread == 0) {
-    cuda::atomic_ref<uint32_t, cuda::thread_scope_device> counter(split.counters[unit.tile_index]);
+    cuda::atomic_ref<uint32_t, cuda::thread_scope_device> counter(split.counters[unit.split_tile]);
     const bool last = counter.fetch_add(1, cuda::memory_order_acq_rel) == splits - 1;
     if (last) counter.store(0, cuda::memory_order_relaxed);
     *flag = last;
