@@ -435,12 +435,25 @@ void grid_barrier_timeout(Communicator& comm) {
   cudaStream_t stream = comm.stream();
   const int blocks = std::min(4, comm.sm_budget());
   if (blocks < 2) throw Error(concat("rank ", comm.rank(), ": needs two blocks, the budget is ", blocks));
+  // Arrival counts a GEMM's split-K units may have left when they gave up (any byte pattern will do):
+  // check_device_error must clear them with the record.
+  const Region& split = buffer.layout().gemm_split;
+  MEGAMOE_CHECK_CUDA(cudaMemsetAsync(buffer.local() + split.offset, 0x5A, split.bytes, stream));
   grid_barrier_missing_block_kernel<<<blocks, 64, 0, stream>>>(buffer.view(), buffer.layout());
   comm_detail::check_cuda(cudaGetLastError(), "grid_barrier_missing_block_kernel");
   const uint64_t ms = buffer.view().timeout_ns / 1000000;
   expect_error(comm.rank(), "a grid barrier that one block never enters", [&] { buffer.check_device_error(stream); },
                {concat("rank ", comm.rank(), ", block "),
                 concat("thread 0: timed out after ", ms, " ms waiting at the grid barrier (expected generation 1, saw 0)")});
+  std::vector<uint8_t> split_bytes(split.bytes);
+  MEGAMOE_CHECK_CUDA(
+      cudaMemcpyAsync(split_bytes.data(), buffer.local() + split.offset, split.bytes, cudaMemcpyDeviceToHost, stream));
+  MEGAMOE_CHECK_CUDA(cudaStreamSynchronize(stream));
+  const auto dirty = std::find_if(split_bytes.begin(), split_bytes.end(), [](uint8_t byte) { return byte != 0; });
+  if (dirty != split_bytes.end()) {
+    throw Error(concat("rank ", comm.rank(), ": check_device_error left the split-K workspace dirty at byte ",
+                       dirty - split_bytes.begin(), " of ", split.bytes));
+  }
   // check_device_error cleared the record and the stale arrivals: the barrier must work again.
   StreamBuffer<Mismatch> mismatch(1, stream);
   grid_barrier_many_kernel<<<blocks, 64, 0, stream>>>(buffer.view(), buffer.layout(), 10, mismatch.get());
