@@ -53,8 +53,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
     cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
   }
   __syncthreads();
-  // Split K only for 16-token decode tiles (split_k.cuh); tokens_on_m's staggered warpgroups assume
-  // whole tiles.
+  // Split K (kSplitsK, split_k.cuh): the host gives the other decode configs no capacity, and
+  // tokens_on_m's constant 0 keeps its prefill kernels free of the plan.
   scheduler.plan_splits(first.k_blocks, two_jobs ? jobs.job[1].args.k_blocks : 0,
                         Config::kLayout == TileLayout::weights_on_m ? jobs.split.capacity_units : 0);
 
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
                                     ? min(kStaggerKBlocks, job.args.k_blocks - 1)
                                     : kNoStagger;
     consume_unit<Config>(smem, ring, unit, job.args, math_warpgroup, warp, lane, stagger_kb, acc);
-    if constexpr (Config::kLayout == TileLayout::weights_on_m && Config::kBlockN <= kMaxSplitTokenTile) {
+    if constexpr (kSplitsK<Config>) {
       if (unit.splits > 1 && !gather_splits<Config>(jobs.split, unit, smem.split_flag(), math_thread, acc)) continue;
     }
     job.epilogue.apply(smem, tile, acc, prefetched, math_warpgroup, warp, lane, math_thread);

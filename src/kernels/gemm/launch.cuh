@@ -71,8 +71,7 @@ void launch_config(std::span<const Job> jobs, int grid, cudaStream_t stream) {
   for (size_t j = 0; j < jobs.size(); ++j)
     params.job[j] = make_job<Config>(jobs[j].operands, EpilogueFor<Config>::make(jobs[j].operands, jobs[j].output));
   const SplitWorkspace& workspace = jobs[0].operands.split_workspace;
-  if (Config::kLayout == TileLayout::weights_on_m && Config::kBlockN <= kMaxSplitTokenTile &&
-      workspace.data != nullptr) {
+  if (kSplitsK<Config> && workspace.data != nullptr) {
     params.split.counters = static_cast<uint32_t*>(workspace.data);
     params.split.partials = reinterpret_cast<float*>(static_cast<char*>(workspace.data) + kSplitPartialsOffset);
     params.split.capacity_units = split_capacity_units(workspace.bytes, kSplitUnitBytes<Config>);

@@ -18,13 +18,15 @@
 
 namespace megamoe::gemm {
 
-inline constexpr uint32_t kSplitCounters = kGemmSplitCounters;  // tiles a split launch may have (layout.h)
-inline constexpr uint64_t kSplitPartialsOffset = kSplitCounters * sizeof(uint32_t);
+// The workspace: kGemmSplitCounters arrival counters (layout.h), then the partial slots.
+inline constexpr uint64_t kSplitPartialsOffset = kGemmSplitCounters * sizeof(uint32_t);
 
-// Only 16-token tiles split: with 64 tokens a unit's partials are 64 KiB, and their round trip cost
-// more than the idle SMs in 3 of the 4 measured launches (L2 at 1 expert x 64 tokens: 0.81x fp8,
-// 0.89x bf16).
+// Which configs split: 16-token decode tiles only. tokens_on_m's staggered warpgroups assume whole
+// tiles; with 64 tokens a unit's partials are 64 KiB, and their round trip cost more than the idle
+// SMs in 3 of the 4 measured launches (L2 at 1 expert x 64 tokens: 0.81x fp8, 0.89x bf16).
 inline constexpr uint32_t kMaxSplitTokenTile = 16;
+template <class Config>
+inline constexpr bool kSplitsK = Config::kLayout == TileLayout::weights_on_m && Config::kBlockN <= kMaxSplitTokenTile;
 
 // Partial bytes of one work unit: every math thread's accumulators.
 template <class Config>
@@ -34,11 +36,11 @@ inline constexpr uint64_t kSplitUnitBytes = uint64_t{Config::kMathThreads} * 2 *
 MEGAMOE_HD constexpr uint32_t split_capacity_units(uint64_t bytes, uint64_t unit_bytes) {
   if (bytes <= kSplitPartialsOffset) return 0;
   const uint64_t units = (bytes - kSplitPartialsOffset) / unit_bytes;
-  return units < kSplitCounters ? static_cast<uint32_t>(units) : kSplitCounters;
+  return units < kGemmSplitCounters ? static_cast<uint32_t>(units) : kGemmSplitCounters;
 }
 
 struct SplitArgs {
-  uint32_t* counters = nullptr;  // [kSplitCounters]
+  uint32_t* counters = nullptr;  // [kGemmSplitCounters]
   float* partials = nullptr;     // [capacity_units] unit slots
   uint32_t capacity_units = 0;   // 0: tiles stay whole
 };
