@@ -79,19 +79,22 @@ int main(int argc, char** argv) {
   std::vector<std::string> recipes = {"fp8", "fp8_fp4", "bf16"};
   std::vector<uint32_t> expert_counts = {32, 128};
   std::vector<uint32_t> token_counts = {1, 4, 16, 64, 256, 1024, 4096};
+  uint32_t tile_rows = 0;  // the rows per expert the tile heuristic is told (0: the row's own)
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const bool has_value = i + 1 < argc;
     if (arg == "--out" && has_value) out = argv[++i];
     else if (arg == "--experts" && has_value) expert_counts = parse_list(argv[++i]);
     else if (arg == "--tokens" && has_value) token_counts = parse_list(argv[++i]);
+    else if (arg == "--tile-rows" && has_value) tile_rows = static_cast<uint32_t>(std::stoul(argv[++i]));
     else if (arg == "--recipes" && has_value) {
       recipes.clear();
       std::stringstream stream(argv[++i]);
       std::string item;
       while (std::getline(stream, item, ',')) recipes.push_back(item);
     } else {
-      std::fprintf(stderr, "usage: %s [--out FILE] [--recipes fp8,fp8_fp4,bf16] [--experts 32,128] [--tokens 1,4,...]\n",
+      std::fprintf(stderr, "usage: %s [--out FILE] [--recipes fp8,fp8_fp4,bf16] [--experts 32,128] [--tokens 1,4,...] "
+                   "[--tile-rows N]\n",
                    argv[0]);
       return 2;
     }
@@ -179,7 +182,7 @@ int main(int argc, char** argv) {
               operands.act_scales = scaled ? act_scales : nullptr;
               operands.act_rows = static_cast<uint32_t>(max_rows);
               operands.groups = gemm::GroupRows{prefix, experts, 0};
-              operands.expected_rows_per_group = tokens;
+              operands.expected_rows_per_group = tile_rows > 0 ? tile_rows : tokens;
               operands.timeout_ns = 10'000'000'000ull;
               operands.control = control;
               const uint64_t total_rows = host_prefix.back();
@@ -200,7 +203,7 @@ int main(int argc, char** argv) {
                   };
               // Decode tiles: also timed without the split-K workspace (tiles never split), as the
               // same-run baseline of split K.
-              const gemm::TileShape tile = gemm::choose_tile(tokens);
+              const gemm::TileShape tile = gemm::choose_tile(operands.expected_rows_per_group);
               const bool decode = tile.layout == gemm::TileLayout::weights_on_m;
               const double us_unsplit = decode ? time_us(run, stream, repeats, 2) : 0.0;
               operands.split_workspace = {split_workspace, kGemmSplitWorkspaceBytes};

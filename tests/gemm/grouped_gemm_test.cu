@@ -484,12 +484,19 @@ MEGAMOE_GEMM_CASE(ThirtyTwoGroupsSmallGridLoopsOverTiles,
 MEGAMOE_GEMM_CASE(HundredTwentyEightGroupsDecodeSized,
                   std::vector<Case>{{GetParam(), random_rows(128, 6, 0.3, rng), 256, 128, 4, 0}})
 MEGAMOE_GEMM_CASE(TokenTile16, std::vector<Case>{{GetParam(), {11, 33, 0, 16}, 256, 128, 8, 0}})
-MEGAMOE_GEMM_CASE(TokenTile32, std::vector<Case>{{GetParam(), {35, 65, 0, 32}, 256, 128, 32, 0}})
+// 32 expected rows also take the 64-token tile: groups of 35 and 65 rows end in tiles of 3 and 1.
+MEGAMOE_GEMM_CASE(TokenTile64For32ExpectedRows, std::vector<Case>{{GetParam(), {35, 65, 0, 32}, 256, 128, 32, 0}})
 MEGAMOE_GEMM_CASE(TokenTile64, std::vector<Case>{{GetParam(), {67, 129, 0, 64}, 256, 128, 64, 0}})
+// Token tiles of 17..32 and 1..16 rows in the 64-token config run 32- and 16-wide wgmmas.
+MEGAMOE_GEMM_CASE(TokenTile64NarrowWgmmasForPartialTiles,
+                  std::vector<Case>{{GetParam(), {20, 89, 7, 0, 64, 33}, 256, 128, 64, 0}})
 // Above 64 expected rows the tile switches to tokens on wgmma's M (128 tokens x 256 weight rows).
 MEGAMOE_GEMM_CASE(TokensOnM, std::vector<Case>{{GetParam(), {203, 401, 0, 200}, 256, 128, 200, 0}})
 MEGAMOE_GEMM_CASE(TokensOnMPartialWeightTileAndSmallGrid,
                   std::vector<Case>{{GetParam(), {129, 1, 0, 640, 77, 128}, 384, 384, 300, 5}})
+// L2 (hidden 640): two whole weight tiles and a partial one of 128 rows, on a grid smaller than the tiles.
+MEGAMOE_GEMM_CASE(TokensOnMSeveralWeightTilesWithAPartialOne,
+                  std::vector<Case>{{GetParam(), {150, 0, 257}, 640, 256, 200, 9}})
 MEGAMOE_GEMM_CASE(TokensOnMManyUnevenGroups,
                   std::vector<Case>{{GetParam(), random_rows(32, 300, 0.2, rng), 256, 256, 150, 0}})
 MEGAMOE_GEMM_CASE(AllGroupsEmpty, std::vector<Case>{{GetParam(), {0, 0, 0}, 256, 128, 1, 0}})

@@ -70,9 +70,7 @@ void validate_operands(const GemmOperands& operands, uint32_t element_bytes, boo
 
 TileShape choose_tile(uint32_t expected_rows_per_group) {
   if (expected_rows_per_group > 64) return {TileLayout::tokens_on_m, 128};
-  uint32_t block_n = 16;
-  while (block_n < expected_rows_per_group) block_n *= 2;
-  return {TileLayout::weights_on_m, block_n};
+  return {TileLayout::weights_on_m, expected_rows_per_group > 16 ? 64u : 16u};
 }
 
 const char* to_string(TileLayout layout) {

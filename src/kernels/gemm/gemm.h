@@ -54,8 +54,10 @@ struct SwigluOutput {
   uint32_t scale_rows = 0;
 };
 
-// The tile the heuristic picks for this many rows per group: weights_on_m with the smallest token
-// tile of 16, 32, 64 that holds them (weight streaming), and tokens_on_m with 128 above that.
+// The tile the heuristic picks for this many rows per group: weights_on_m (weight streaming) with 16
+// tokens up to 16 rows (six stages, split K for launches of few tiles) and 64 up to 64 (its wgmmas
+// narrow to 16 or 32 tokens for tiles that hold no more, so skewed groups take fewer tiles), and
+// tokens_on_m with 128 above that.
 struct TileShape {
   TileLayout layout;
   uint32_t block_n;

@@ -105,11 +105,8 @@ void launch_policy(std::span<const Job> jobs, int grid, cudaStream_t stream) {
   const auto launch = [&](auto config) { launch_config<decltype(config), EpilogueFor>(jobs, grid, stream); };
   const TileShape shape = choose_tile(jobs[0].operands.expected_rows_per_group);
   if (shape.layout == TileLayout::tokens_on_m) return launch(GemmConfig<Policy, TileLayout::tokens_on_m, 128>{});
-  switch (shape.block_n) {
-    case 16: return launch(GemmConfig<Policy, TileLayout::weights_on_m, 16>{});
-    case 32: return launch(GemmConfig<Policy, TileLayout::weights_on_m, 32>{});
-    default: return launch(GemmConfig<Policy, TileLayout::weights_on_m, 64>{});
-  }
+  if (shape.block_n == 16) return launch(GemmConfig<Policy, TileLayout::weights_on_m, 16>{});
+  return launch(GemmConfig<Policy, TileLayout::weights_on_m, 64>{});
 }
 
 template <class Config>

@@ -208,13 +208,18 @@ __host__ __device__ __forceinline__ void for_each_k_block(RingPosition<kStages>&
   }
 }
 
-// weights_on_m: acc[j] is m64 block j of this warpgroup's 128 weight rows x BLOCK_N tokens.
-template <class Config>
-__device__ void consume_weights_on_m(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
-                                     const Tile& tile, KRange k_blocks, const MainloopArgs& args, uint32_t warpgroup,
-                                     uint32_t lane, float (&acc)[2][Config::kAccRegs]) {
+// weights_on_m with wgmmas kWidth tokens wide (<= BLOCK_N): acc[j][0, kWidth / 2) is m64 block j of
+// this warpgroup's 128 weight rows x the tile's first kWidth tokens; the rest of acc stays as it is
+// (zero: the tile has no more tokens).
+template <class Config, uint32_t kWidth>
+__device__ void consume_weights_on_m_width(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
+                                           const Tile& tile, KRange k_blocks, const MainloopArgs& args,
+                                           uint32_t warpgroup, uint32_t lane, float (&tile_acc)[2][Config::kAccRegs]) {
   using Policy = typename Config::Policy;
-  using Mma = typename Policy::template Mma<Config::kBlockN>;
+  using Mma = typename Policy::template Mma<kWidth>;
+  constexpr uint32_t kRegs = kWidth / 2;
+  // Block j's first kRegs registers: the accumulator of a kWidth-wide wgmma.
+  const auto narrow = [&](uint32_t j) -> float(&)[kRegs] { return reinterpret_cast<float(&)[kRegs]>(tile_acc[j]); };
   constexpr uint32_t kM64Bytes = 64 * Config::kRowBytes;
 
   const uint32_t first_row_block = (tile.group * args.n_out + tile.m_tile * Config::kBlockM) / 64 + 2 * warpgroup;
@@ -238,16 +243,16 @@ __device__ void consume_weights_on_m(const SharedStorage<Config>& smem, RingPosi
     const ptx::SmemDescSw128 desc_tokens = smem.tokens_desc(stage);
     if constexpr (Policy::kScaled) {
       const float* act_scales = smem.act_scales(stage) + (tile.row_begin & (Config::kScaleAlignRows - 1));
-      float partial[2][Config::kAccRegs];
+      float partial[2][kRegs];
       const auto promote = [&](uint32_t j) {
         ptx::fence_registers(partial[j]);
         // Activation scales are re-read per use (volatile): kept live across both m64 blocks they
         // would cost BLOCK_N / 4 registers and make the widest tile spill.
 #pragma unroll
-        for (uint32_t i = 0; i < Config::kAccRegs; i += 2) {
+        for (uint32_t i = 0; i < kRegs; i += 2) {
           const volatile float* scales = act_scales + 8 * (i / 4) + 2 * (lane % 4);
-          acc[j][i] += partial[j][i] * (row_scales[j] * scales[0]);
-          acc[j][i + 1] += partial[j][i + 1] * (row_scales[j] * scales[1]);
+          tile_acc[j][i] += partial[j][i] * (row_scales[j] * scales[0]);
+          tile_acc[j][i + 1] += partial[j][i + 1] * (row_scales[j] * scales[1]);
         }
       };
       // fp8: both m64 blocks' wgmmas in flight, block 0 promoted while block 1's run (2-6% faster
@@ -272,14 +277,32 @@ __device__ void consume_weights_on_m(const SharedStorage<Config>& smem, RingPosi
 #pragma unroll
       for (uint32_t j = 0; j < 2; ++j) {
         const ptx::SmemDescSw128 desc_weights = smem.weights_desc(stage).plus((2 * warpgroup + j) * kM64Bytes);
-        issue_k_block<Config, Mma>(desc_weights, desc_tokens, acc[j], kb > k_blocks.begin);
+        issue_k_block<Config, Mma>(desc_weights, desc_tokens, narrow(j), kb > k_blocks.begin);
       }
       ptx::wgmma_wait<0>();
-      ptx::fence_registers(acc[0]);
-      ptx::fence_registers(acc[1]);
+      ptx::fence_registers(narrow(0));
+      ptx::fence_registers(narrow(1));
     }
     release_stage_at(smem, stage, lane);
   });
+}
+
+// weights_on_m: the wgmmas are as wide as the tile's tokens need (16, 32 or 64, up to BLOCK_N), so a
+// group's last, partial token tile (or a small group in a wide config) costs no tensor-core time or
+// promotion for tokens it does not have.
+template <class Config>
+__device__ void consume_weights_on_m(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
+                                     const Tile& tile, KRange k_blocks, const MainloopArgs& args, uint32_t warpgroup,
+                                     uint32_t lane, float (&acc)[2][Config::kAccRegs]) {
+  if constexpr (Config::kBlockN >= 64) {
+    if (tile.rows > 32)
+      return consume_weights_on_m_width<Config, 64>(smem, ring, tile, k_blocks, args, warpgroup, lane, acc);
+  }
+  if constexpr (Config::kBlockN >= 32) {
+    if (tile.rows > 16)
+      return consume_weights_on_m_width<Config, 32>(smem, ring, tile, k_blocks, args, warpgroup, lane, acc);
+  }
+  consume_weights_on_m_width<Config, 16>(smem, ring, tile, k_blocks, args, warpgroup, lane, acc);
 }
 
 // tokens_on_m, scaled recipes: each K block runs the 256 weight rows as two n128 halves through one
