@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -50,14 +51,23 @@ std::vector<uint32_t> parse_list(const std::string& text) {
   return values;
 }
 
-// Rows per expert: uniform, or skewed (weights 1/(e+1)^1.2, same total).
-std::vector<uint32_t> rows_per_expert(uint32_t experts, uint32_t tokens, bool skewed) {
+// Rows per expert: uniform; skewed (weights 1/(e+1)^1.2, same total); or random (each of the
+// experts x tokens routes picks an expert uniformly at random, as the layer's synthetic router does:
+// counts spread around the mean, and some groups end in a short token tile).
+std::vector<uint32_t> rows_per_expert(uint32_t experts, uint32_t tokens, const std::string& routing) {
   std::vector<uint32_t> rows(experts, tokens);
-  if (!skewed) return rows;
+  const uint64_t total = uint64_t{experts} * tokens;
+  if (routing == "random") {
+    std::fill(rows.begin(), rows.end(), 0u);
+    std::mt19937_64 rng(experts * 1000003ull + tokens);
+    std::uniform_int_distribution<uint32_t> expert(0, experts - 1);
+    for (uint64_t route = 0; route < total; ++route) ++rows[expert(rng)];
+    return rows;
+  }
+  if (routing != "skewed") return rows;
   std::vector<double> weight(experts);
   double sum = 0;
   for (uint32_t e = 0; e < experts; ++e) sum += weight[e] = std::pow(e + 1.0, -1.2);
-  const uint64_t total = uint64_t{experts} * tokens;
   uint64_t assigned = 0;
   for (uint32_t e = 0; e < experts; ++e) assigned += rows[e] = static_cast<uint32_t>(total * weight[e] / sum);
   rows[0] += static_cast<uint32_t>(total - assigned);
@@ -77,6 +87,7 @@ int main(int argc, char** argv) {
   using namespace megamoe::bench;
   std::string out = "gemm-bench.json";
   std::vector<std::string> recipes = {"fp8", "fp8_fp4", "bf16"};
+  std::vector<std::string> routings = {"uniform", "skewed"};
   std::vector<uint32_t> expert_counts = {32, 128};
   std::vector<uint32_t> token_counts = {1, 4, 16, 64, 256, 1024, 4096};
   uint32_t tile_rows = 0;  // the rows per expert the tile heuristic is told (0: the row's own)
@@ -92,13 +103,23 @@ int main(int argc, char** argv) {
       std::stringstream stream(argv[++i]);
       std::string item;
       while (std::getline(stream, item, ',')) recipes.push_back(item);
+    } else if (arg == "--routing" && has_value) {
+      routings.clear();
+      std::stringstream stream(argv[++i]);
+      std::string item;
+      while (std::getline(stream, item, ',')) routings.push_back(item);
     } else {
       std::fprintf(stderr, "usage: %s [--out FILE] [--recipes fp8,fp8_fp4,bf16] [--experts 32,128] [--tokens 1,4,...] "
-                   "[--tile-rows N]\n",
+                   "[--routing uniform,skewed,random] [--tile-rows N]\n",
                    argv[0]);
       return 2;
     }
   }
+  for (const std::string& routing : routings)
+    if (routing != "uniform" && routing != "skewed" && routing != "random") {
+      std::fprintf(stderr, "--routing takes uniform, skewed and random, got %s\n", routing.c_str());
+      return 2;
+    }
   try {
     Report report;
     report.benchmark = "gemm";
@@ -161,8 +182,8 @@ int main(int argc, char** argv) {
 
         for (uint32_t experts : expert_counts) {
           for (uint32_t tokens : token_counts) {
-            for (bool skewed : {false, true}) {
-              const std::vector<uint32_t> rows = rows_per_expert(experts, tokens, skewed);
+            for (const std::string& routing : routings) {
+              const std::vector<uint32_t> rows = rows_per_expert(experts, tokens, routing);
               std::vector<uint32_t> host_prefix(experts + 1, 0);
               uint32_t active = 0;
               for (uint32_t e = 0; e < experts; ++e) {
@@ -222,7 +243,7 @@ int main(int argc, char** argv) {
                                      {"stage", std::string(stage.name)},
                                      {"experts", static_cast<long long>(experts)},
                                      {"tokens_per_expert", static_cast<long long>(tokens)},
-                                     {"routing", std::string(skewed ? "skewed" : "uniform")},
+                                     {"routing", routing},
                                      {"tile", std::string(gemm::to_string(tile.layout)) + "/" + std::to_string(tile.block_n)},
                                      {"us", us},
                                      {"tflops", tflops},
@@ -235,7 +256,7 @@ int main(int argc, char** argv) {
               }
               report.rows.push_back(std::move(row));
               std::fprintf(stderr, "%s %s E=%u t=%u %s: %.1f us, %.0f TFLOP/s, %.0f GB/s of weights\n",
-                           recipe_name.c_str(), stage.name, experts, tokens, skewed ? "skewed" : "uniform", us, tflops,
+                           recipe_name.c_str(), stage.name, experts, tokens, routing.c_str(), us, tflops,
                            weight_gbps);
             }
           }

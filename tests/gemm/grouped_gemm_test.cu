@@ -487,8 +487,9 @@ MEGAMOE_GEMM_CASE(TokenTile16, std::vector<Case>{{GetParam(), {11, 33, 0, 16}, 2
 // 32 expected rows also take the 64-token tile: groups of 35 and 65 rows end in tiles of 3 and 1.
 MEGAMOE_GEMM_CASE(TokenTile64For32ExpectedRows, std::vector<Case>{{GetParam(), {35, 65, 0, 32}, 256, 128, 32, 0}})
 MEGAMOE_GEMM_CASE(TokenTile64, std::vector<Case>{{GetParam(), {67, 129, 0, 64}, 256, 128, 64, 0}})
-// Token tiles of 17..32 and 1..16 rows in the 64-token config run 32- and 16-wide wgmmas.
-MEGAMOE_GEMM_CASE(TokenTile64NarrowWgmmasForPartialTiles,
+// Groups of one token tile of 17..32 and 1..16 rows in the 64-token config run 32- and 16-wide
+// wgmmas; the group of 89 rows keeps 64 for both its tiles.
+MEGAMOE_GEMM_CASE(TokenTile64NarrowWgmmasForSingleTileGroups,
                   std::vector<Case>{{GetParam(), {20, 89, 7, 0, 64, 33}, 256, 128, 64, 0}})
 // Above 64 expected rows the tile switches to tokens on wgmma's M (128 tokens x 256 weight rows).
 MEGAMOE_GEMM_CASE(TokensOnM, std::vector<Case>{{GetParam(), {203, 401, 0, 200}, 256, 128, 200, 0}})

@@ -47,6 +47,19 @@ TEST(TileOrder, BandsWalkWeightTilesOverAFewTokenTiles) {
 using KBlockVisit = std::tuple<uint32_t, uint32_t, uint32_t>;  // stage, phase, kb
 
 // Split K: the splits of a tile partition its K blocks in order, none empty at the allowed counts.
+// A group's only token tile narrows its wgmmas to its rows; the tiles of a group of several (which
+// stream one weight tile side by side) all keep the full width, the last, partial one included.
+TEST(TileOrder, OnlyASingleTileGroupNarrowsItsWgmmas) {
+  for (uint32_t block_n : {16u, 64u}) {
+    for (uint32_t rows = 1; rows <= block_n; ++rows) EXPECT_EQ(wgmma_rows(rows, rows, block_n), rows) << rows;
+    for (uint32_t rows = block_n + 1; rows <= 3 * block_n; ++rows) {
+      const uint32_t last_tile_rows = rows - (rows - 1) / block_n * block_n;
+      EXPECT_EQ(wgmma_rows(rows, last_tile_rows, block_n), block_n) << rows;
+      EXPECT_EQ(wgmma_rows(rows, block_n, block_n), block_n) << rows;
+    }
+  }
+}
+
 TEST(SplitK, RangesPartitionTheKBlocks) {
   for (uint32_t k_blocks = kMinSplitKBlocks; k_blocks <= 64; ++k_blocks) {
     for (uint32_t splits = 1; splits <= kMaxSplits && splits * kMinSplitKBlocks <= k_blocks; ++splits) {

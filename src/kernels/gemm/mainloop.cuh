@@ -287,19 +287,18 @@ __device__ void consume_weights_on_m_width(const SharedStorage<Config>& smem, Ri
   });
 }
 
-// weights_on_m: the wgmmas are as wide as the tile's tokens need (16, 32 or 64, up to BLOCK_N), so a
-// group's last, partial token tile (or a small group in a wide config) costs no tensor-core time or
-// promotion for tokens it does not have.
+// weights_on_m: the wgmmas are 16, 32 or 64 tokens wide (up to BLOCK_N), as tile.mma_rows needs
+// (scheduler.cuh: a group's only token tile narrows them to its rows).
 template <class Config>
 __device__ void consume_weights_on_m(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
                                      const Tile& tile, KRange k_blocks, const MainloopArgs& args, uint32_t warpgroup,
                                      uint32_t lane, float (&acc)[2][Config::kAccRegs]) {
   if constexpr (Config::kBlockN >= 64) {
-    if (tile.rows > 32)
+    if (tile.mma_rows > 32)
       return consume_weights_on_m_width<Config, 64>(smem, ring, tile, k_blocks, args, warpgroup, lane, acc);
   }
   if constexpr (Config::kBlockN >= 32) {
-    if (tile.rows > 16)
+    if (tile.mma_rows > 16)
       return consume_weights_on_m_width<Config, 32>(smem, ring, tile, k_blocks, args, warpgroup, lane, acc);
   }
   consume_weights_on_m_width<Config, 16>(smem, ring, tile, k_blocks, args, warpgroup, lane, acc);
