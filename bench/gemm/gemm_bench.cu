@@ -43,11 +43,17 @@ T* device_alloc(uint64_t count) {
   return pointer;
 }
 
-std::vector<uint32_t> parse_list(const std::string& text) {
-  std::vector<uint32_t> values;
+std::vector<std::string> parse_names(const std::string& text) {
+  std::vector<std::string> names;
   std::stringstream stream(text);
   std::string item;
-  while (std::getline(stream, item, ',')) values.push_back(static_cast<uint32_t>(std::stoul(item)));
+  while (std::getline(stream, item, ',')) names.push_back(item);
+  return names;
+}
+
+std::vector<uint32_t> parse_list(const std::string& text) {
+  std::vector<uint32_t> values;
+  for (const std::string& item : parse_names(text)) values.push_back(static_cast<uint32_t>(std::stoul(item)));
   return values;
 }
 
@@ -98,17 +104,9 @@ int main(int argc, char** argv) {
     else if (arg == "--experts" && has_value) expert_counts = parse_list(argv[++i]);
     else if (arg == "--tokens" && has_value) token_counts = parse_list(argv[++i]);
     else if (arg == "--tile-rows" && has_value) tile_rows = static_cast<uint32_t>(std::stoul(argv[++i]));
-    else if (arg == "--recipes" && has_value) {
-      recipes.clear();
-      std::stringstream stream(argv[++i]);
-      std::string item;
-      while (std::getline(stream, item, ',')) recipes.push_back(item);
-    } else if (arg == "--routing" && has_value) {
-      routings.clear();
-      std::stringstream stream(argv[++i]);
-      std::string item;
-      while (std::getline(stream, item, ',')) routings.push_back(item);
-    } else {
+    else if (arg == "--recipes" && has_value) recipes = parse_names(argv[++i]);
+    else if (arg == "--routing" && has_value) routings = parse_names(argv[++i]);
+    else {
       std::fprintf(stderr, "usage: %s [--out FILE] [--recipes fp8,fp8_fp4,bf16] [--experts 32,128] [--tokens 1,4,...] "
                    "[--routing uniform,skewed,random] [--tile-rows N]\n",
                    argv[0]);

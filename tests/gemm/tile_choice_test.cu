@@ -7,8 +7,8 @@
 namespace megamoe::gemm {
 namespace {
 
-// Up to 16 rows: 16-token tiles. 17..64: 64-token tiles, whose wgmmas narrow to the tile's rows
-// (measured faster than 32-token tiles for skewed routing at 32 rows per expert).
+// Up to 16 rows: 16-token tiles. 17..64: 64-token tiles, whose wgmmas narrow to a single-tile
+// group's rows (measured faster than 32-token tiles for skewed routing at 32 rows per expert).
 TEST(TileChoice, FewRowsStreamWeightsWith16Or64TokenTiles) {
   for (uint32_t rows : {0u, 1u, 16u}) {
     EXPECT_EQ(choose_tile(rows).layout, TileLayout::weights_on_m) << rows;

@@ -46,7 +46,6 @@ TEST(TileOrder, BandsWalkWeightTilesOverAFewTokenTiles) {
 
 using KBlockVisit = std::tuple<uint32_t, uint32_t, uint32_t>;  // stage, phase, kb
 
-// Split K: the splits of a tile partition its K blocks in order, none empty at the allowed counts.
 // A group's only token tile narrows its wgmmas to its rows; the tiles of a group of several (which
 // stream one weight tile side by side) all keep the full width, the last, partial one included.
 TEST(TileOrder, OnlyASingleTileGroupNarrowsItsWgmmas) {
@@ -60,6 +59,7 @@ TEST(TileOrder, OnlyASingleTileGroupNarrowsItsWgmmas) {
   }
 }
 
+// Split K: the splits of a tile partition its K blocks in order, none empty at the allowed counts.
 TEST(SplitK, RangesPartitionTheKBlocks) {
   for (uint32_t k_blocks = kMinSplitKBlocks; k_blocks <= 64; ++k_blocks) {
     for (uint32_t splits = 1; splits <= kMaxSplits && splits * kMinSplitKBlocks <= k_blocks; ++splits) {

@@ -55,8 +55,8 @@ struct SwigluOutput {
 };
 
 // The tile the heuristic picks for this many rows per group: weights_on_m (weight streaming) with 16
-// tokens up to 16 rows (six stages, split K for launches of few tiles) and 64 up to 64 (its wgmmas
-// narrow to 16 or 32 tokens for tiles that hold no more, so skewed groups take fewer tiles), and
+// tokens up to 16 rows (six stages, split K for launches of few tiles) and 64 up to 64 (a group
+// that fits one tile narrows its wgmmas to 16 or 32 tokens, so skewed groups take fewer tiles), and
 // tokens_on_m with 128 above that.
 struct TileShape {
   TileLayout layout;
