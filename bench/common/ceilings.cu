@@ -32,64 +32,83 @@ __global__ void fill_random_kernel(uint8_t* data, uint64_t count, bool bf16, flo
   }
 }
 
-double dense_tflops(bool fp8) {
-  constexpr int kSize = 8192;
-  const uint64_t elements = uint64_t{kSize} * kSize;
-  const int in_bytes = fp8 ? 1 : 2;
-  uint8_t *a = nullptr, *b = nullptr, *d = nullptr, *workspace = nullptr;
-  constexpr size_t kWorkspace = 64ull << 20;
-  cuda_ok(cudaMalloc(&a, elements * in_bytes), "cudaMalloc(A)");
-  cuda_ok(cudaMalloc(&b, elements * in_bytes), "cudaMalloc(B)");
-  cuda_ok(cudaMalloc(&d, elements * 2), "cudaMalloc(D)");
-  cuda_ok(cudaMalloc(&workspace, kWorkspace), "cudaMalloc(workspace)");
-  fill_random(a, elements, !fp8, 1.0f, 1, nullptr);
-  fill_random(b, elements, !fp8, 1.0f, 2, nullptr);
+constexpr size_t kDenseWorkspace = 64ull << 20;
 
-  cublasLtHandle_t handle;
-  cublas_ok(cublasLtCreate(&handle), "cublasLtCreate");
-  cublasLtMatmulDesc_t desc;
-  cublas_ok(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-  const cublasOperation_t transpose = CUBLAS_OP_T, none = CUBLAS_OP_N;  // FP8 needs the TN form
-  cublas_ok(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)), "TRANSA");
-  cublas_ok(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none)), "TRANSB");
-  const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+}  // namespace
+
+struct DenseGemm::State {
+  cublasLtHandle_t handle = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;
+  uint8_t *a = nullptr, *b = nullptr, *d = nullptr, *workspace = nullptr;
+};
+
+DenseGemm::DenseGemm(uint64_t max_m, uint32_t n, uint32_t k, bool fp8)
+    : state_(new State), max_m_(max_m), n_(n), k_(k), fp8_(fp8) {
+  const int in_bytes = fp8 ? 1 : 2;
+  cuda_ok(cudaMalloc(&state_->a, max_m * k * in_bytes), "cudaMalloc(dense A)");
+  cuda_ok(cudaMalloc(&state_->b, uint64_t{n} * k * in_bytes), "cudaMalloc(dense B)");
+  cuda_ok(cudaMalloc(&state_->d, max_m * n * 2), "cudaMalloc(dense D)");
+  cuda_ok(cudaMalloc(&state_->workspace, kDenseWorkspace), "cudaMalloc(dense workspace)");
+  fill_random(state_->a, max_m * k, !fp8, 1.0f, 1, nullptr);
+  fill_random(state_->b, uint64_t{n} * k, !fp8, 1.0f, 2, nullptr);
+  cublas_ok(cublasLtCreate(&state_->handle), "cublasLtCreate");
+  cublas_ok(cublasLtMatmulDescCreate(&state_->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  // D (m x n, column-major) = A^T B with A and B stored K-major, as tokens and weights are; FP8 needs this TN form.
+  const cublasOperation_t transpose = CUBLAS_OP_T, none = CUBLAS_OP_N;
+  cublas_ok(cublasLtMatmulDescSetAttribute(state_->desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)),
+            "TRANSA");
+  cublas_ok(cublasLtMatmulDescSetAttribute(state_->desc, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none)), "TRANSB");
+}
+
+DenseGemm::~DenseGemm() {
+  cublasLtMatmulDescDestroy(state_->desc);
+  cublasLtDestroy(state_->handle);
+  for (uint8_t* pointer : {state_->a, state_->b, state_->d, state_->workspace}) cudaFree(pointer);
+}
+
+double DenseGemm::tflops(uint64_t m, cudaStream_t stream, int repeats, int warmups) const {
+  require(m > 0 && m <= max_m_, "DenseGemm::tflops", "m must be in [1, ", max_m_, "], got ", m);
+  const cudaDataType_t in_type = fp8_ ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
   cublasLtMatrixLayout_t layout_a, layout_b, layout_d;
-  cublas_ok(cublasLtMatrixLayoutCreate(&layout_a, in_type, kSize, kSize, kSize), "layout A");
-  cublas_ok(cublasLtMatrixLayoutCreate(&layout_b, in_type, kSize, kSize, kSize), "layout B");
-  cublas_ok(cublasLtMatrixLayoutCreate(&layout_d, CUDA_R_16BF, kSize, kSize, kSize), "layout D");
+  cublas_ok(cublasLtMatrixLayoutCreate(&layout_a, in_type, k_, m, k_), "layout A");
+  cublas_ok(cublasLtMatrixLayoutCreate(&layout_b, in_type, k_, n_, k_), "layout B");
+  cublas_ok(cublasLtMatrixLayoutCreate(&layout_d, CUDA_R_16BF, m, n_, m), "layout D");
   cublasLtMatmulPreference_t preference;
   cublas_ok(cublasLtMatmulPreferenceCreate(&preference), "preference");
-  cublas_ok(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
-                                                 sizeof(kWorkspace)),
+  cublas_ok(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kDenseWorkspace,
+                                                 sizeof(kDenseWorkspace)),
             "preference workspace");
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  cublas_ok(cublasLtMatmulAlgoGetHeuristic(handle, desc, layout_a, layout_b, layout_d, layout_d, preference, 1,
-                                           &heuristic, &found),
+  cublas_ok(cublasLtMatmulAlgoGetHeuristic(state_->handle, state_->desc, layout_a, layout_b, layout_d, layout_d,
+                                           preference, 1, &heuristic, &found),
             "cublasLtMatmulAlgoGetHeuristic");
-  require(found > 0, "cuBLASLt", "found no algorithm for the dense ceiling");
+  require(found > 0, "cuBLASLt", "found no algorithm for the dense product");
   const float alpha = 1.0f, beta = 0.0f;
-  cudaStream_t stream;
-  cuda_ok(cudaStreamCreate(&stream), "cudaStreamCreate");
   const double us = time_us(
       [&] {
-        cublas_ok(cublasLtMatmul(handle, desc, &alpha, a, layout_a, b, layout_b, &beta, d, layout_d, d, layout_d,
-                                 &heuristic.algo, workspace, kWorkspace, stream),
+        cublas_ok(cublasLtMatmul(state_->handle, state_->desc, &alpha, state_->a, layout_a, state_->b, layout_b, &beta,
+                                 state_->d, layout_d, state_->d, layout_d, &heuristic.algo, state_->workspace,
+                                 kDenseWorkspace, stream),
                   "cublasLtMatmul");
       },
-      stream, 10, 3);
+      stream, repeats, warmups);
   cublasLtMatmulPreferenceDestroy(preference);
   cublasLtMatrixLayoutDestroy(layout_a);
   cublasLtMatrixLayoutDestroy(layout_b);
   cublasLtMatrixLayoutDestroy(layout_d);
-  cublasLtMatmulDescDestroy(desc);
-  cublasLtDestroy(handle);
+  return 2.0 * double(m) * n_ * k_ / (us * 1e-6) / 1e12;
+}
+
+namespace {
+
+double dense_tflops(bool fp8) {
+  constexpr int kSize = 8192;
+  cudaStream_t stream;
+  cuda_ok(cudaStreamCreate(&stream), "cudaStreamCreate");
+  const double tflops = DenseGemm(kSize, kSize, kSize, fp8).tflops(kSize, stream, 10, 3);
   cudaStreamDestroy(stream);
-  cudaFree(a);
-  cudaFree(b);
-  cudaFree(d);
-  cudaFree(workspace);
-  return 2.0 * kSize * kSize * double{kSize} / (us * 1e-6) / 1e12;
+  return tflops;
 }
 
 }  // namespace

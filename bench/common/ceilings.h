@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 
 namespace megamoe::bench {
 
@@ -21,5 +22,27 @@ double hbm_copy_gbps();
 // BF16 output) and BF16.
 double fp8_dense_tflops();
 double bf16_dense_tflops();
+
+// A dense product D[m x n] = A[m x k] B[n x k]^T through cuBLASLt, both operands K-major (as tokens
+// and weights are), FP32 accumulation, BF16 output; FP8 E4M3 with per-tensor scales, or BF16. The
+// GEMM benchmark times it at a row's own shape right before the row, so that both run in the same
+// power and clock state: back-to-back launches of several milliseconds run into the board's power
+// cap, which the short 8192^3 ceiling at the start of a run does not.
+class DenseGemm {
+ public:
+  DenseGemm(uint64_t max_m, uint32_t n, uint32_t k, bool fp8);  // random operands, up to max_m rows
+  ~DenseGemm();
+  DenseGemm(const DenseGemm&) = delete;
+  DenseGemm& operator=(const DenseGemm&) = delete;
+  // Median TFLOP/s at m rows over `repeats` runs after `warmups`.
+  double tflops(uint64_t m, cudaStream_t stream, int repeats, int warmups) const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+  uint64_t max_m_;
+  uint32_t n_, k_;
+  bool fp8_;
+};
 
 }  // namespace megamoe::bench

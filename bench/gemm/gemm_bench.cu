@@ -2,7 +2,9 @@
 // L2: N 7168 x K 2048 with the store epilogue), against ceilings measured in the same run: dense
 // cuBLASLt FP8/BF16 TFLOP/s and the HBM copy rate (for weight bytes read per second). fp8_fp4 is
 // compared with dense FP8 (its wgmmas are FP8 ones) and counts its packed weight bytes. Decode rows
-// also time the launch without the split-K workspace (us_unsplit, split_speedup).
+// also time the launch without the split-K workspace (us_unsplit, split_speedup). Prefill rows
+// (tokens_on_m tiles) also time a dense cuBLASLt product of their own shape (all rows x N x K)
+// right before them, in the same power state (dense_same_shape_tflops, tflops_vs_dense_same_shape).
 //   megamoe_gemm_bench [--out FILE.json] [--recipes fp8,fp8_fp4,bf16] [--experts 32,128] [--tokens 1,4,...]
 #include <cuda_runtime_api.h>
 
@@ -11,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -177,6 +180,7 @@ int main(int argc, char** argv) {
         uint8_t* split_workspace = device_alloc<uint8_t>(kGemmSplitWorkspaceBytes);
         cuda_ok(cudaMemset(split_workspace, 0, kGemmSplitWorkspaceBytes), "cudaMemset");
         uint32_t* prefix = device_alloc<uint32_t>(max_experts + 1);
+        std::unique_ptr<DenseGemm> same_shape;  // made at the stage's first prefill row
 
         for (uint32_t experts : expert_counts) {
           for (uint32_t tokens : token_counts) {
@@ -225,6 +229,8 @@ int main(int argc, char** argv) {
               const gemm::TileShape tile = gemm::choose_tile(operands.expected_rows_per_group);
               const bool decode = tile.layout == gemm::TileLayout::weights_on_m;
               const double us_unsplit = decode ? time_us(run, stream, repeats, 2) : 0.0;
+              if (!decode && !same_shape) same_shape = std::make_unique<DenseGemm>(max_rows, stage.n_out, stage.k, scaled);
+              const double same_shape_tflops = decode ? 0.0 : same_shape->tflops(total_rows, stream, repeats, 2);
               operands.split_workspace = {split_workspace, kGemmSplitWorkspaceBytes};
               const double us = time_us(run, stream, repeats, 2);
               operands.split_workspace = {};
@@ -251,11 +257,15 @@ int main(int argc, char** argv) {
               if (decode) {
                 row.emplace_back("us_unsplit", us_unsplit);
                 row.emplace_back("split_speedup", us_unsplit / us);
+              } else {
+                row.emplace_back("dense_same_shape_tflops", same_shape_tflops);
+                row.emplace_back("tflops_vs_dense_same_shape", tflops / same_shape_tflops);
               }
               report.rows.push_back(std::move(row));
-              std::fprintf(stderr, "%s %s E=%u t=%u %s: %.1f us, %.0f TFLOP/s, %.0f GB/s of weights\n",
-                           recipe_name.c_str(), stage.name, experts, tokens, routing.c_str(), us, tflops,
-                           weight_gbps);
+              std::fprintf(stderr, "%s %s E=%u t=%u %s: %.1f us, %.0f TFLOP/s, %.0f GB/s of weights", recipe_name.c_str(),
+                           stage.name, experts, tokens, routing.c_str(), us, tflops, weight_gbps);
+              if (decode) std::fprintf(stderr, "\n");
+              else std::fprintf(stderr, ", dense at this shape %.0f TFLOP/s\n", same_shape_tflops);
             }
           }
         }

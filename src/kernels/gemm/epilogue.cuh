@@ -37,6 +37,12 @@ __device__ __forceinline__ uint8_t to_e4m3(float value) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(value, __NV_SATFINITE, __NV_E4M3));
 }
 
+// SiLU(g) = g / (1 + e^-g) with the hardware exp2 and reciprocal: a few instructions per element
+// instead of the dozens of expf and IEEE division (with its slow-path branch). Their error, a few
+// ulp (about 1e-6 relative for |g| < 10), is far below the E4M3 or BF16 rounding that follows.
+// Below g = -87 the denominator passes 2^126 and the result is 0 (the true one is < 1e-35).
+__device__ __forceinline__ float silu(float gate) { return __fdividef(gate, 1.0f + __expf(-gate)); }
+
 __device__ __forceinline__ uint16_t to_bf16_bits(float value) {
   const __nv_bfloat16 rounded = __float2bfloat16_rn(value);
   return *reinterpret_cast<const uint16_t*>(&rounded);
@@ -150,7 +156,7 @@ struct SwigluEpilogue {
 #pragma unroll
     for (uint32_t i = 0; i < Config::kAccRegs; ++i) {
       const float gate = acc[0][i];
-      acc[0][i] = gate / (1.0f + expf(-gate)) * acc[1][i] * weights[(i / 4) * 2 + (i % 2)];
+      acc[0][i] = silu(gate) * acc[1][i] * weights[(i / 4) * 2 + (i % 2)];
     }
 
     uint8_t* staging = smem.staging();
@@ -207,7 +213,7 @@ struct SwigluEpilogue {
 #pragma unroll
       for (uint32_t i = 0; i < 32; ++i) {
         const float gate = acc[h][i];
-        acc[h][i] = gate / (1.0f + expf(-gate)) * acc[h][i + 32] * weights[pair_row_select(i)];
+        acc[h][i] = silu(gate) * acc[h][i + 32] * weights[pair_row_select(i)];
       }
     if constexpr (Policy::kScaled) {
       float amax[2] = {0.0f, 0.0f};
@@ -294,13 +300,14 @@ struct StoreEpilogue {
   SlotDestination destination;
   uint32_t n_out;  // features per row (hidden); a last partial tile stores only the valid ones
 
-  // tokens_on_m: each warpgroup stores its own 64 tokens' staged rows, thread t of the warpgroup
-  // copying 16-byte chunk t % 8 of tokens 64w + t / 8 + 16j. Finding a routed row reads its pool
-  // source: those loads are issued before the tile's mainloop, and the rows computed from them only
-  // in apply, so that no instruction waits on them before the wgmmas start.
-  static constexpr uint32_t kCopyTokens = 64 * (Config::kPassBytes / 16) / 128;
-  __device__ static uint32_t copy_token(uint32_t warpgroup, uint32_t thread, uint32_t j) {
-    return 64 * warpgroup + thread / 8 + 16 * j;
+  // tokens_on_m: warp `warp` of a math warpgroup holds every feature of its 16 tokens, so it stages
+  // and stores them alone, with no barrier beyond the warp: lane l copies 16-byte chunk l % 8 of
+  // tokens 16 warp + l / 8 + 4j. Finding a routed row reads its pool source: those loads are issued
+  // before the tile's mainloop, and the rows computed from them only in apply, so that no
+  // instruction waits on them before the wgmmas start.
+  static constexpr uint32_t kCopyTokens = 16 * (Config::kPassBytes / 16) / 32;
+  __device__ static uint32_t copy_token(uint32_t warpgroup, uint32_t warp, uint32_t lane, uint32_t j) {
+    return 64 * warpgroup + 16 * warp + lane / 8 + 4 * j;
   }
   struct Prefetched {
     PoolSource sources[kCopyTokens];
@@ -308,10 +315,9 @@ struct StoreEpilogue {
   __device__ Prefetched prefetch(const Tile& tile, uint32_t warpgroup, uint32_t warp, uint32_t lane) const {
     Prefetched prefetched{};
     if constexpr (Config::kLayout == TileLayout::tokens_on_m) {
-      const uint32_t thread = 32 * warp + lane;
 #pragma unroll
       for (uint32_t j = 0; j < kCopyTokens; ++j) {
-        const uint32_t token = copy_token(warpgroup, thread, j);
+        const uint32_t token = copy_token(warpgroup, warp, lane, j);
         if (token < tile.rows) prefetched.sources[j] = destination.lookup(tile.row_begin + token);
       }
     }
@@ -344,40 +350,44 @@ struct StoreEpilogue {
                                                      });
       math_barrier<Config>();
     } else {
-      // Four passes of 64 features: acc[p / 2] registers [32 (p % 2), +32) hold features 64p...
-      uint8_t* staging = smem.staging();
-      const uint32_t token0 = 64 * warpgroup + 16 * warp + lane / 4;
+      // Four passes of 64 features: acc[p / 2] registers [32 (p % 2), +32) hold features 64p... Each
+      // stmatrix stages 16 features of the warp's 16 tokens (two 8-feature groups, matrices 0 and 2
+      // their first 8 tokens, 1 and 3 the next 8): lane l addresses token l % 8 + 8 ((l / 8) % 2),
+      // group l / 16.
+      const uint32_t warp_token = 64 * warpgroup + 16 * warp;
       const uint32_t valid_features = n_out - tile.m_tile * Config::kBlockM;
-      // The rows this thread copies, found once for all four passes.
-      const uint32_t thread = 32 * warp + lane, part = thread % 8;
+      const uint32_t stmatrix_row = smem.staging_address() +
+                                    (warp_token + lane % 8 + 8 * ((lane / 8) % 2)) * Config::kL2StagingStride +
+                                    16 * (lane / 16);
+      const uint8_t* staging = smem.staging();
+      // The rows this lane copies, found once for all four passes.
       uint16_t* rows[kCopyTokens];
 #pragma unroll
       for (uint32_t j = 0; j < kCopyTokens; ++j) {
-        const uint32_t token = copy_token(warpgroup, thread, j);
+        const uint32_t token = copy_token(warpgroup, warp, lane, j);
         rows[j] = token < tile.rows ? destination.row(tile.row_begin + token, prefetched.sources[j]) +
                                           tile.m_tile * Config::kBlockM
                                     : nullptr;
       }
+      const uint32_t part = lane % 8;
 #pragma unroll
       for (uint32_t pass = 0; pass < 4; ++pass) {
         if (64 * pass >= valid_features) break;  // the same for every thread
         const uint32_t h = pass / 2, first = 32 * (pass % 2);
 #pragma unroll
-        for (uint32_t i = first; i < first + 32; i += 2) {
-          const uint32_t token = token0 + 8 * pair_row_select(i);
-          *reinterpret_cast<uint32_t*>(staging + token * Config::kL2StagingStride +
-                                       2 * (pair_column(i, lane) - 64 * (pass % 2))) =
-              to_bf16x2_bits(acc[h][i], acc[h][i + 1]);
-        }
-        warpgroup_barrier(warpgroup);
+        for (uint32_t i = first; i < first + 32; i += 8)
+          ptx::stmatrix_x4(stmatrix_row + 4 * (i - first), to_bf16x2_bits(acc[h][i], acc[h][i + 1]),
+                           to_bf16x2_bits(acc[h][i + 2], acc[h][i + 3]), to_bf16x2_bits(acc[h][i + 4], acc[h][i + 5]),
+                           to_bf16x2_bits(acc[h][i + 6], acc[h][i + 7]));
+        __syncwarp();
 #pragma unroll
         for (uint32_t j = 0; j < kCopyTokens; ++j) {
           if (rows[j] == nullptr) continue;
-          const uint32_t token = copy_token(warpgroup, thread, j);
+          const uint32_t token = copy_token(warpgroup, warp, lane, j);
           *reinterpret_cast<uint4*>(rows[j] + 64 * pass + 8 * part) =
               *reinterpret_cast<const uint4*>(staging + token * Config::kL2StagingStride + 16 * part);
         }
-        warpgroup_barrier(warpgroup);
+        __syncwarp();  // the staging rows are free for the next pass
       }
     }
   }

@@ -86,8 +86,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
   constexpr bool kStaggered = Config::kLayout == TileLayout::tokens_on_m;
   constexpr uint32_t kNoStagger = ~0u;
   if (kStaggered && math_warpgroup == 1 && blockIdx.x < num_units) stagger_wait();
+  uint32_t group_cursor = 0;
   for (uint32_t index = blockIdx.x; index < num_units; index += gridDim.x) {
-    const WorkUnit unit = scheduler.unit(index);
+    const WorkUnit unit = scheduler.unit(index, group_cursor);
     const Tile& tile = unit.tile;
     const GemmJob<Epilogue>& job = jobs.job[tile.job];
     const auto prefetched = job.epilogue.prefetch(tile, math_warpgroup, warp, lane);

@@ -54,8 +54,9 @@ __device__ void produce(const SharedStorage<Config>& smem, const TileScheduler<C
                         const GemmJobs<Epilogue>& jobs) {
   RingPosition<Config::kStages> ring;
   const uint32_t num_units = scheduler.num_units();
+  uint32_t group_cursor = 0;
   for (uint32_t index = blockIdx.x; index < num_units; index += gridDim.x) {
-    const WorkUnit unit = scheduler.unit(index);
+    const WorkUnit unit = scheduler.unit(index, group_cursor);
     const Tile& tile = unit.tile;
     const GemmJob<Epilogue>& job = jobs.job[tile.job];
     const MainloopArgs& args = job.args;
@@ -133,8 +134,9 @@ __device__ void convert_weights(const SharedStorage<Config>& smem, const TileSch
   constexpr uint32_t kGroups = Config::kBlockM * (Config::kBlockK / 32);
   RingPosition<Config::kStages> ring;
   const uint32_t num_units = scheduler.num_units();
+  uint32_t group_cursor = 0;
   for (uint32_t index = blockIdx.x; index < num_units; index += gridDim.x) {
-    const WorkUnit unit = scheduler.unit(index);
+    const WorkUnit unit = scheduler.unit(index, group_cursor);
     const MainloopArgs& args = jobs.job[unit.tile.job].args;
     for (uint32_t kb = unit.k_blocks.begin; kb < unit.k_blocks.end; ++kb) {
       wait_barrier(smem.raw_full(ring.stage), ring.phase, args.watch, ring.stage);

@@ -157,6 +157,7 @@ struct SharedStorage {
   __device__ uint32_t* split_flag() const { return reinterpret_cast<uint32_t*>(base + Config::kFlagOffset); }
   __device__ float* exchange() const { return reinterpret_cast<float*>(base + Config::kExchangeOffset); }
   __device__ uint8_t* staging() const { return base + Config::kStagingOffset; }
+  __device__ uint32_t staging_address() const { return base_address + Config::kStagingOffset; }
 
  private:
   // Offsets in 16-byte units, so that a stage's descriptor is one multiply-add on the base's.

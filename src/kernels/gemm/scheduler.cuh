@@ -181,7 +181,11 @@ struct TileScheduler {
   __device__ uint32_t num_units() const {
     return split_plan.whole_tiles + (num_tiles() - split_plan.whole_tiles) * split_plan.splits;
   }
-  __device__ WorkUnit unit(uint32_t index) const {
+  // Work unit `index`. Each walker (producer, converters, math warpgroups) visits increasing
+  // indices and keeps `group_cursor` (0 at its start) between calls, the group of its last unit:
+  // a prefill walker mostly stays in one group, which then costs one shared-memory load instead of
+  // a binary search whose dependent loads the math warpgroups waited on at every tile.
+  __device__ WorkUnit unit(uint32_t index, uint32_t& group_cursor) const {
     WorkUnit work;
     uint32_t tile_index = index;
     work.split_tile = 0;
@@ -194,22 +198,26 @@ struct TileScheduler {
       work.splits = split_plan.splits;
       tile_index = split_plan.whole_tiles + work.split_tile;
     }
-    work.tile = tile(tile_index);
+    work.tile = tile(tile_index, group_cursor);
     work.k_blocks = split_k_range(work.tile.job == 0 ? first_k_blocks : second_k_blocks, work.split, work.splits);
     return work;
   }
 
-  __device__ Tile tile(uint32_t index) const {
+  __device__ Tile tile(uint32_t index, uint32_t& group_cursor) const {
     const uint32_t first_tiles = first_job_tiles();
     if (index >= first_tiles) return split(1, 0, index - first_tiles, 0, second_rows, second_m_tiles);
     // The last group whose first tile is <= index (empty groups share their successor's start).
-    uint32_t low = 0, high = num_groups - 1;
-    while (low < high) {
-      const uint32_t mid = (low + high + 1) / 2;
-      if (tile_prefix[mid] <= index) low = mid;
-      else high = mid - 1;
+    if (group_cursor + 1 < num_groups && tile_prefix[group_cursor + 1] <= index) {
+      uint32_t low = group_cursor + 1, high = num_groups - 1;
+      while (low < high) {
+        const uint32_t mid = (low + high + 1) / 2;
+        if (tile_prefix[mid] <= index) low = mid;
+        else high = mid - 1;
+      }
+      group_cursor = low;
     }
-    return split(0, low, index - tile_prefix[low], group_begin[low], group_begin[low + 1] - group_begin[low],
+    const uint32_t group = group_cursor;
+    return split(0, group, index - tile_prefix[group], group_begin[group], group_begin[group + 1] - group_begin[group],
                  m_tiles);
   }
 

@@ -1,5 +1,5 @@
-// Hopper warpgroup MMA (wgmma) and register reallocation (setmaxnreg): the PTX that CCCL does not
-// wrap. Everything else (TMA, mbarriers, fences) comes from cuda::ptx.
+// Hopper warpgroup MMA (wgmma), register reallocation (setmaxnreg) and stmatrix: the PTX that CCCL
+// does not wrap. Everything else (TMA, mbarriers, fences) comes from cuda::ptx.
 //
 // Operands are K-major tiles in shared memory written by TMA with 128-byte swizzling: rows of 128
 // bytes, 8-row atoms of 1024 bytes. One wgmma consumes 32 bytes of K (k32 for E4M3, k16 for BF16);
@@ -52,6 +52,16 @@ MEGAMOE_DEVICE void setmaxnreg_increase() {
 template <int kRegisters>
 MEGAMOE_DEVICE void setmaxnreg_decrease() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+
+// Stores four 8x8 matrices of 16-bit elements, one 32-bit register of each per thread in the MMA
+// accumulator layout (lane l holds row l / 4, elements 2 (l % 4) and +1, of each): lane l gives the
+// shared address of row l % 8 of matrix l / 8. Four 16-byte rows per instruction instead of one
+// 4-byte store per register.
+MEGAMOE_DEVICE void stmatrix_x4(uint32_t address, uint32_t m0, uint32_t m1, uint32_t m2, uint32_t m3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(m0), "r"(m1),
+               "r"(m2), "r"(m3)
+               : "memory");
 }
 
 // D[64 x N] (+)= A[64 x K] * B[N x K]^T with both operands K-major in shared memory; one warpgroup.
