@@ -226,7 +226,7 @@ int main(int argc, char** argv) {
                   };
               // Decode tiles: also timed without the split-K workspace (tiles never split), as the
               // same-run baseline of split K.
-              const gemm::TileShape tile = gemm::choose_tile(operands.expected_rows_per_group);
+              const gemm::TileShape tile = gemm::choose_tile(operands.expected_rows_per_group, experts, recipe);
               const bool decode = tile.layout == gemm::TileLayout::weights_on_m;
               const double us_unsplit = decode ? time_us(run, stream, repeats, 2) : 0.0;
               if (!decode && !same_shape) same_shape = std::make_unique<DenseGemm>(max_rows, stage.n_out, stage.k, scaled);

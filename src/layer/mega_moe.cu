@@ -149,8 +149,8 @@ void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w,
   // (their own launch would cover only n_out / 256 SMs). Otherwise each gets its own launch.
   const bool scaled = p.recipe != Recipe::bf16;  // E4M3 activations with 1x128 scales
   const bool shared = p.num_shared_experts > 0 && in.num_tokens > 0;
-  const gemm::TileShape routed_tile = gemm::choose_tile(expected_rows);
-  const gemm::TileShape shared_tile = gemm::choose_tile(tokens);
+  const gemm::TileShape routed_tile = gemm::choose_tile(expected_rows, l.experts_per_rank, p.recipe);
+  const gemm::TileShape shared_tile = gemm::choose_tile(tokens, 1, p.recipe);
   const bool merged = (routed_tile.layout == shared_tile.layout && routed_tile.block_n == shared_tile.block_n) ||
                       tokens <= 8 * routed_tile.block_n;
   const size_t num_jobs = shared && merged ? 2 : 1;

@@ -197,7 +197,8 @@ DeviceBuffer<uint8_t> split_workspace() {
 // The split count the kernel derives for this case's tiles (1 for tokens_on_m), so that a case meant
 // to exercise split K fails if it no longer does.
 uint32_t expected_splits(const Case& c, uint32_t n_out, uint32_t k) {
-  const gemm::TileShape shape = gemm::choose_tile(c.expected_rows);
+  const gemm::TileShape shape =
+      gemm::choose_tile(c.expected_rows, static_cast<uint32_t>(c.rows_per_group.size()), c.recipe);
   if (shape.layout != gemm::TileLayout::weights_on_m || shape.block_n > gemm::kMaxSplitTokenTile) return 1;
   uint32_t tiles = 0;
   for (uint32_t rows : c.rows_per_group) tiles += (rows + shape.block_n - 1) / shape.block_n * ((n_out + 255) / 256);
@@ -484,6 +485,13 @@ MEGAMOE_GEMM_CASE(ThirtyTwoGroupsSmallGridLoopsOverTiles,
 MEGAMOE_GEMM_CASE(HundredTwentyEightGroupsDecodeSized,
                   std::vector<Case>{{GetParam(), random_rows(128, 6, 0.3, rng), 256, 128, 4, 0}})
 MEGAMOE_GEMM_CASE(TokenTile16, std::vector<Case>{{GetParam(), {11, 33, 0, 16}, 256, 128, 8, 0}})
+// 8..16 expected rows over 32 groups take the 64-token tile (fp8_fp4 keeps 16): single-tile groups
+// of 1..64 rows narrow their wgmmas, and the groups of 150 and 65 rows run their tiles at full width.
+MEGAMOE_GEMM_CASE(DecodeRowsOfManyGroupsTake64TokenTiles,
+                  std::vector<Case>{{GetParam(),
+                                     {150, 12, 0, 1, 16, 17, 9, 33, 5, 0, 64, 8, 2, 24, 11, 7,
+                                      13, 3, 0, 40, 6, 15, 10, 1, 20, 9, 4, 12, 0, 65, 14, 8},
+                                     256, 128, 12, 0}})
 // 32 expected rows also take the 64-token tile: groups of 35 and 65 rows end in tiles of 3 and 1.
 MEGAMOE_GEMM_CASE(TokenTile64For32ExpectedRows, std::vector<Case>{{GetParam(), {35, 65, 0, 32}, 256, 128, 32, 0}})
 MEGAMOE_GEMM_CASE(TokenTile64, std::vector<Case>{{GetParam(), {67, 129, 0, 64}, 256, 128, 64, 0}})

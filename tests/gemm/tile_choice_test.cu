@@ -7,23 +7,34 @@
 namespace megamoe::gemm {
 namespace {
 
-// Up to 16 rows: 16-token tiles. 17..64: 64-token tiles, whose wgmmas narrow to a single-tile
-// group's rows (measured faster than 32-token tiles for skewed routing at 32 rows per expert).
+// Up to 7 rows: 16-token tiles. 8..16: 64-token tiles for launches of many groups (fewer weight
+// passes for groups of several tiles, narrowed wgmmas for the rest), except with packed weights;
+// launches of few groups keep 16-token tiles and with them split K. 17..64: 64-token tiles, whose
+// wgmmas narrow to a single-tile group's rows (measured faster than 32-token tiles for skewed
+// routing at 32 rows per expert).
 TEST(TileChoice, FewRowsStreamWeightsWith16Or64TokenTiles) {
-  for (uint32_t rows : {0u, 1u, 16u}) {
-    EXPECT_EQ(choose_tile(rows).layout, TileLayout::weights_on_m) << rows;
-    EXPECT_EQ(choose_tile(rows).block_n, 16u) << rows;
-  }
-  for (uint32_t rows : {17u, 32u, 33u, 64u}) {
-    EXPECT_EQ(choose_tile(rows).layout, TileLayout::weights_on_m) << rows;
-    EXPECT_EQ(choose_tile(rows).block_n, 64u) << rows;
-  }
+  for (Recipe recipe : {Recipe::fp8, Recipe::fp8_fp4, Recipe::bf16})
+    for (uint32_t groups : {1u, 31u, 32u, 256u}) {
+      for (uint32_t rows : {0u, 1u, 7u}) {
+        EXPECT_EQ(choose_tile(rows, groups, recipe).layout, TileLayout::weights_on_m) << rows;
+        EXPECT_EQ(choose_tile(rows, groups, recipe).block_n, 16u) << rows << " " << groups;
+      }
+      for (uint32_t rows : {8u, 16u}) {
+        const bool wide = groups >= kWideDecodeGroups && recipe != Recipe::fp8_fp4;
+        EXPECT_EQ(choose_tile(rows, groups, recipe).layout, TileLayout::weights_on_m) << rows;
+        EXPECT_EQ(choose_tile(rows, groups, recipe).block_n, wide ? 64u : 16u) << rows << " " << groups;
+      }
+      for (uint32_t rows : {17u, 32u, 33u, 64u}) {
+        EXPECT_EQ(choose_tile(rows, groups, recipe).layout, TileLayout::weights_on_m) << rows;
+        EXPECT_EQ(choose_tile(rows, groups, recipe).block_n, 64u) << rows << " " << groups;
+      }
+    }
 }
 
 TEST(TileChoice, ManyRowsPutTokensOnWgmmaM) {
   for (uint32_t rows : {65u, 128u, 256u, 4096u, 1u << 20}) {
-    EXPECT_EQ(choose_tile(rows).layout, TileLayout::tokens_on_m) << rows;
-    EXPECT_EQ(choose_tile(rows).block_n, 128u) << rows;
+    EXPECT_EQ(choose_tile(rows, 32, Recipe::fp8).layout, TileLayout::tokens_on_m) << rows;
+    EXPECT_EQ(choose_tile(rows, 1, Recipe::bf16).block_n, 128u) << rows;
   }
 }
 

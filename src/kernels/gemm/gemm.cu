@@ -68,9 +68,12 @@ void validate_operands(const GemmOperands& operands, uint32_t element_bytes, boo
 
 }  // namespace
 
-TileShape choose_tile(uint32_t expected_rows_per_group) {
+TileShape choose_tile(uint32_t expected_rows_per_group, uint32_t num_groups, Recipe recipe) {
   if (expected_rows_per_group > 64) return {TileLayout::tokens_on_m, 128};
-  return {TileLayout::weights_on_m, expected_rows_per_group > 16 ? 64u : 16u};
+  const bool wide = expected_rows_per_group > 16 ||
+                    (expected_rows_per_group >= kWideDecodeRows && num_groups >= kWideDecodeGroups &&
+                     recipe != Recipe::fp8_fp4);
+  return {TileLayout::weights_on_m, wide ? 64u : 16u};
 }
 
 const char* to_string(TileLayout layout) {

@@ -54,15 +54,20 @@ struct SwigluOutput {
   uint32_t scale_rows = 0;
 };
 
-// The tile the heuristic picks for this many rows per group: weights_on_m (weight streaming) with 16
-// tokens up to 16 rows (six stages, split K for launches of few tiles) and 64 up to 64 (a group
-// that fits one tile narrows its wgmmas to 16 or 32 tokens, so skewed groups take fewer tiles), and
-// tokens_on_m with 128 above that.
+// The tile the heuristic picks for a launch of `num_groups` groups of about this many rows each:
+// weights_on_m (weight streaming) with 16 or 64 tokens up to 64 rows, and tokens_on_m with 128 above
+// that. 16-token tiles have six stages and split K for launches of few tiles; in 64-token tiles a
+// group that fits one tile narrows its wgmmas to 16 or 32 tokens, and a group of many rows streams
+// its weight tiles a quarter as often. So 16-token tiles take up to 7 rows, and up to 16 rows for
+// launches of fewer than kWideDecodeGroups groups (split K) or with packed weights (fp8_fp4: its raw
+// ring keeps a fourth stage only in 16-token tiles).
+inline constexpr uint32_t kWideDecodeRows = 8;
+inline constexpr uint32_t kWideDecodeGroups = 32;
 struct TileShape {
   TileLayout layout;
   uint32_t block_n;
 };
-TileShape choose_tile(uint32_t expected_rows_per_group);
+TileShape choose_tile(uint32_t expected_rows_per_group, uint32_t num_groups, Recipe recipe);
 const char* to_string(TileLayout layout);
 
 // One GEMM of a launch and where its results go. A launch runs one job, or two when the second is

@@ -103,7 +103,8 @@ void launch_policy(std::span<const Job> jobs, int grid, cudaStream_t stream) {
     for (size_t j = 0; j < jobs.size(); ++j) validate_packed_weights(*operands[j]);
   require(grid >= 1, "grid", "must be at least 1, got ", grid);
   const auto launch = [&](auto config) { launch_config<decltype(config), EpilogueFor>(jobs, grid, stream); };
-  const TileShape shape = choose_tile(jobs[0].operands.expected_rows_per_group);
+  const GemmOperands& first = jobs[0].operands;
+  const TileShape shape = choose_tile(first.expected_rows_per_group, first.num_groups, Policy::kRecipe);
   if (shape.layout == TileLayout::tokens_on_m) return launch(GemmConfig<Policy, TileLayout::tokens_on_m, 128>{});
   if (shape.block_n == 16) return launch(GemmConfig<Policy, TileLayout::weights_on_m, 16>{});
   return launch(GemmConfig<Policy, TileLayout::weights_on_m, 64>{});
