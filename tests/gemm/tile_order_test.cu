@@ -1,9 +1,10 @@
-// The order in which the grouped GEMM walks tiles and K blocks (no GPU needed): the banded tile
-// raster of a group, split K's work units, and the stage ring's bookkeeping with and without the
-// unrolled ring passes.
+// The order in which the grouped GEMM walks tiles and K blocks (no GPU needed): the group of a tile,
+// the banded tile raster of a group, split K's work units, and the stage ring's bookkeeping with
+// and without the unrolled ring passes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <random>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -13,6 +14,33 @@
 
 namespace megamoe::gemm {
 namespace {
+
+// A walker's cursor finds the same group as a search from scratch: the last group whose first tile is
+// <= index, so empty groups (sharing their successor's start) are skipped, whether the walk visits
+// every tile or strides over many groups at once.
+TEST(TileOrder, GroupCursorFindsTheGroupOfEveryTile) {
+  std::mt19937_64 rng(7);
+  for (uint32_t num_groups : {1u, 2u, 5u, 32u, 257u}) {
+    std::uniform_int_distribution<uint32_t> tiles_of(0, 6);
+    std::vector<uint32_t> prefix(num_groups + 1, 0);
+    for (uint32_t g = 0; g < num_groups; ++g) prefix[g + 1] = prefix[g] + (g % 3 == 1 ? 0 : tiles_of(rng));
+    const uint32_t total = prefix[num_groups];
+    for (uint32_t stride : {1u, 3u, 132u}) {
+      for (uint32_t start = 0; start < std::min(stride, total); ++start) {
+        uint32_t cursor = 0;
+        for (uint32_t index = start; index < total; index += stride) {
+          const uint32_t expected =
+              static_cast<uint32_t>(std::upper_bound(prefix.begin(), prefix.begin() + num_groups, index) -
+                                    prefix.begin()) - 1;
+          ASSERT_EQ(group_of_tile(prefix.data(), num_groups, index, cursor), expected)
+              << "index " << index << ", stride " << stride << ", groups " << num_groups;
+          ASSERT_EQ(cursor, expected);
+          ASSERT_LT(index - prefix[expected], prefix[expected + 1] - prefix[expected]) << "not a tile of its group";
+        }
+      }
+    }
+  }
+}
 
 TEST(TileOrder, BandsCoverEveryTileOnce) {
   for (uint32_t m_tiles : {1u, 2u, 16u, 28u}) {

@@ -84,6 +84,25 @@ __host__ __device__ constexpr uint32_t wgmma_rows(uint32_t group_rows, uint32_t 
   return group_rows <= block_n ? tile_rows : block_n;
 }
 
+// The group of first-job tile `index`: the last group whose first tile is <= index (empty groups
+// share their successor's start), given tile_prefix[0..num_groups]. A walker visits increasing
+// indices and keeps `cursor` (0 at its start), the group of its last tile, between calls: a prefill
+// walker mostly stays in one group, which then costs one load instead of a binary search whose
+// dependent shared-memory loads the math warpgroups waited on at every tile. Host and device (CPU-tested).
+__host__ __device__ inline uint32_t group_of_tile(const uint32_t* tile_prefix, uint32_t num_groups, uint32_t index,
+                                                  uint32_t& cursor) {
+  if (cursor + 1 < num_groups && tile_prefix[cursor + 1] <= index) {
+    uint32_t low = cursor + 1, high = num_groups - 1;
+    while (low < high) {
+      const uint32_t mid = (low + high + 1) / 2;
+      if (tile_prefix[mid] <= index) low = mid;
+      else high = mid - 1;
+    }
+    cursor = low;
+  }
+  return cursor;
+}
+
 // Where a grouped GEMM finds its groups' rows: a device prefix array of num_groups + 1 offsets, or
 // (prefix == nullptr) a single group of `fixed_rows` rows starting at row 0.
 struct GroupRows {
@@ -182,9 +201,7 @@ struct TileScheduler {
     return split_plan.whole_tiles + (num_tiles() - split_plan.whole_tiles) * split_plan.splits;
   }
   // Work unit `index`. Each walker (producer, converters, math warpgroups) visits increasing
-  // indices and keeps `group_cursor` (0 at its start) between calls, the group of its last unit:
-  // a prefill walker mostly stays in one group, which then costs one shared-memory load instead of
-  // a binary search whose dependent loads the math warpgroups waited on at every tile.
+  // indices and keeps `group_cursor` (0 at its start) between calls (group_of_tile).
   __device__ WorkUnit unit(uint32_t index, uint32_t& group_cursor) const {
     WorkUnit work;
     uint32_t tile_index = index;
@@ -206,17 +223,7 @@ struct TileScheduler {
   __device__ Tile tile(uint32_t index, uint32_t& group_cursor) const {
     const uint32_t first_tiles = first_job_tiles();
     if (index >= first_tiles) return split(1, 0, index - first_tiles, 0, second_rows, second_m_tiles);
-    // The last group whose first tile is <= index (empty groups share their successor's start).
-    if (group_cursor + 1 < num_groups && tile_prefix[group_cursor + 1] <= index) {
-      uint32_t low = group_cursor + 1, high = num_groups - 1;
-      while (low < high) {
-        const uint32_t mid = (low + high + 1) / 2;
-        if (tile_prefix[mid] <= index) low = mid;
-        else high = mid - 1;
-      }
-      group_cursor = low;
-    }
-    const uint32_t group = group_cursor;
+    const uint32_t group = group_of_tile(tile_prefix, num_groups, index, group_cursor);
     return split(0, group, index - tile_prefix[group], group_begin[group], group_begin[group + 1] - group_begin[group],
                  m_tiles);
   }
