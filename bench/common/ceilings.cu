@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -34,16 +35,34 @@ __global__ void fill_random_kernel(uint8_t* data, uint64_t count, bool bf16, flo
 
 constexpr size_t kDenseWorkspace = 64ull << 20;
 
+__global__ void fill_float_kernel(float* data, uint64_t count, float value) {
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < count; i += uint64_t{gridDim.x} * blockDim.x)
+    data[i] = value;
+}
+
+// Sums the buffer; the sum is stored only if it hits a value random data never gives, so the loads
+// cannot be dropped and nothing is written back.
+__global__ void l2_flush_kernel(const uint4* buffer, uint64_t vectors, uint32_t* sink) {
+  uint32_t sum = 0;
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < vectors; i += uint64_t{gridDim.x} * blockDim.x) {
+    const uint4 v = buffer[i];
+    sum += v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (sum == 0x9E3779B9u) *sink = sum;
+}
+
 }  // namespace
 
 struct DenseGemm::State {
   cublasLtHandle_t handle = nullptr;
   cublasLtMatmulDesc_t desc = nullptr;
   uint8_t *a = nullptr, *b = nullptr, *d = nullptr, *workspace = nullptr;
+  float *a_scales = nullptr, *b_scales = nullptr;  // DenseScaling::blocks
 };
 
-DenseGemm::DenseGemm(uint64_t max_m, uint32_t n, uint32_t k, bool fp8)
-    : state_(new State), max_m_(max_m), n_(n), k_(k), fp8_(fp8) {
+DenseGemm::DenseGemm(uint64_t max_m, uint32_t n, uint32_t k, bool fp8, DenseScaling scaling)
+    : state_(new State), max_m_(max_m), n_(n), k_(k), fp8_(fp8), scaling_(scaling) {
+  require(fp8 || scaling == DenseScaling::per_tensor, "DenseGemm", "block scales are for FP8 operands");
   const int in_bytes = fp8 ? 1 : 2;
   cuda_ok(cudaMalloc(&state_->a, max_m * k * in_bytes), "cudaMalloc(dense A)");
   cuda_ok(cudaMalloc(&state_->b, uint64_t{n} * k * in_bytes), "cudaMalloc(dense B)");
@@ -58,12 +77,34 @@ DenseGemm::DenseGemm(uint64_t max_m, uint32_t n, uint32_t k, bool fp8)
   cublas_ok(cublasLtMatmulDescSetAttribute(state_->desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)),
             "TRANSA");
   cublas_ok(cublasLtMatmulDescSetAttribute(state_->desc, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none)), "TRANSB");
+  if (scaling == DenseScaling::blocks) {
+    // Scales of 1 (timing only: their layout does not matter), sized with room to spare.
+    const uint64_t a_count = (max_m + 128) * (k / 128 + 1), b_count = uint64_t{n / 128 + 1} * (k / 128 + 1);
+    cuda_ok(cudaMalloc(&state_->a_scales, a_count * 4), "cudaMalloc(dense A scales)");
+    cuda_ok(cudaMalloc(&state_->b_scales, b_count * 4), "cudaMalloc(dense B scales)");
+    fill_float_kernel<<<256, 256>>>(state_->a_scales, a_count, 1.0f);
+    fill_float_kernel<<<256, 256>>>(state_->b_scales, b_count, 1.0f);
+    cuda_ok(cudaGetLastError(), "fill scales");
+    const cublasLtMatmulMatrixScale_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F,
+                                      b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    cublas_ok(cublasLtMatmulDescSetAttribute(state_->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode)),
+              "A_SCALE_MODE");
+    cublas_ok(cublasLtMatmulDescSetAttribute(state_->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode)),
+              "B_SCALE_MODE");
+    cublas_ok(cublasLtMatmulDescSetAttribute(state_->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &state_->a_scales,
+                                             sizeof(state_->a_scales)),
+              "A_SCALE_POINTER");
+    cublas_ok(cublasLtMatmulDescSetAttribute(state_->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &state_->b_scales,
+                                             sizeof(state_->b_scales)),
+              "B_SCALE_POINTER");
+  }
 }
 
 DenseGemm::~DenseGemm() {
   cublasLtMatmulDescDestroy(state_->desc);
   cublasLtDestroy(state_->handle);
   for (uint8_t* pointer : {state_->a, state_->b, state_->d, state_->workspace}) cudaFree(pointer);
+  for (float* pointer : {state_->a_scales, state_->b_scales}) cudaFree(pointer);
 }
 
 double DenseGemm::tflops(uint64_t m, cudaStream_t stream, int repeats, int warmups) const {
@@ -80,9 +121,19 @@ double DenseGemm::tflops(uint64_t m, cudaStream_t stream, int repeats, int warmu
             "preference workspace");
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  cublas_ok(cublasLtMatmulAlgoGetHeuristic(state_->handle, state_->desc, layout_a, layout_b, layout_d, layout_d,
-                                           preference, 1, &heuristic, &found),
-            "cublasLtMatmulAlgoGetHeuristic");
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(state_->handle, state_->desc, layout_a, layout_b,
+                                                               layout_d, layout_d, preference, 1, &heuristic, &found);
+  const auto destroy = [&] {
+    cublasLtMatmulPreferenceDestroy(preference);
+    cublasLtMatrixLayoutDestroy(layout_a);
+    cublasLtMatrixLayoutDestroy(layout_b);
+    cublasLtMatrixLayoutDestroy(layout_d);
+  };
+  if (scaling_ == DenseScaling::blocks && (status != CUBLAS_STATUS_SUCCESS || found == 0)) {
+    destroy();
+    return std::nan("");
+  }
+  cublas_ok(status, "cublasLtMatmulAlgoGetHeuristic");
   require(found > 0, "cuBLASLt", "found no algorithm for the dense product");
   const float alpha = 1.0f, beta = 0.0f;
   const double us = time_us(
@@ -93,10 +144,7 @@ double DenseGemm::tflops(uint64_t m, cudaStream_t stream, int repeats, int warmu
                   "cublasLtMatmul");
       },
       stream, repeats, warmups);
-  cublasLtMatmulPreferenceDestroy(preference);
-  cublasLtMatrixLayoutDestroy(layout_a);
-  cublasLtMatrixLayoutDestroy(layout_b);
-  cublasLtMatrixLayoutDestroy(layout_d);
+  destroy();
   return 2.0 * double(m) * n_ * k_ / (us * 1e-6) / 1e12;
 }
 
@@ -125,6 +173,49 @@ double time_us(const std::function<void()>& work, cudaStream_t stream, int repea
   cuda_ok(cudaEventCreate(&stop), "cudaEventCreate");
   std::vector<float> times;
   for (int i = 0; i < repeats; ++i) {
+    cuda_ok(cudaEventRecord(start, stream), "cudaEventRecord");
+    work();
+    cuda_ok(cudaEventRecord(stop, stream), "cudaEventRecord");
+    cuda_ok(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0;
+    cuda_ok(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    times.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return 1000.0 * times[times.size() / 2];
+}
+
+L2Flush::L2Flush() {
+  int device = 0, l2_bytes = 0;
+  cuda_ok(cudaGetDevice(&device), "cudaGetDevice");
+  cuda_ok(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device), "L2 cache size");
+  vectors_ = 4ull * static_cast<uint64_t>(l2_bytes) / sizeof(uint4);
+  cuda_ok(cudaMalloc(&buffer_, vectors_ * sizeof(uint4)), "cudaMalloc(L2 flush)");
+  cuda_ok(cudaMalloc(&sink_, sizeof(uint32_t)), "cudaMalloc(L2 flush sink)");
+  fill_random(buffer_, vectors_ * sizeof(uint4), false, 0.0f, 5, nullptr);
+}
+
+L2Flush::~L2Flush() {
+  cudaFree(buffer_);
+  cudaFree(sink_);
+}
+
+void L2Flush::run(cudaStream_t stream) const {
+  l2_flush_kernel<<<1024, 512, 0, stream>>>(buffer_, vectors_, sink_);
+  cuda_ok(cudaGetLastError(), "L2 flush launch");
+}
+
+double time_cold_us(const std::function<void()>& work, cudaStream_t stream, const L2Flush& flush, int repeats,
+                    int warmups) {
+  for (int i = 0; i < warmups; ++i) work();
+  cudaEvent_t start, stop;
+  cuda_ok(cudaEventCreate(&start), "cudaEventCreate");
+  cuda_ok(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<float> times;
+  for (int i = 0; i < repeats; ++i) {
+    flush.run(stream);
     cuda_ok(cudaEventRecord(start, stream), "cudaEventRecord");
     work();
     cuda_ok(cudaEventRecord(stop, stream), "cudaEventRecord");

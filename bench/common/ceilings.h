@@ -14,7 +14,29 @@ namespace megamoe::bench {
 void fill_random(void* data, uint64_t count, bool bf16, float bf16_magnitude, uint64_t seed, cudaStream_t stream);
 
 // Median time in microseconds of `work` on `stream` over `repeats` runs after `warmups`, with events.
+// The events bracket the host's launch preparation too, since the stream is idle when `work` starts.
 double time_us(const std::function<void()>& work, cudaStream_t stream, int repeats = 10, int warmups = 2);
+
+// Reads a buffer four times the size of L2 (clean lines: no write-backs later), so that the next
+// kernel finds none of its operands there.
+class L2Flush {
+ public:
+  L2Flush();
+  ~L2Flush();
+  L2Flush(const L2Flush&) = delete;
+  L2Flush& operator=(const L2Flush&) = delete;
+  void run(cudaStream_t stream) const;
+
+ private:
+  uint4* buffer_ = nullptr;
+  uint64_t vectors_ = 0;
+  uint32_t* sink_ = nullptr;
+};
+
+// As time_us, with L2 flushed before each run (weights come from HBM, as they do in a layer). The
+// flush is queued first, so the host prepares the launch while it runs: the time is the device's.
+double time_cold_us(const std::function<void()>& work, cudaStream_t stream, const L2Flush& flush, int repeats = 10,
+                    int warmups = 2);
 
 // Device-to-device copy of 1 GiB, counting bytes read plus written.
 double hbm_copy_gbps();
@@ -23,18 +45,25 @@ double hbm_copy_gbps();
 double fp8_dense_tflops();
 double bf16_dense_tflops();
 
+// How a dense FP8 product scales its operands: one scale per tensor (the plain FP8 rate), or the fp8
+// recipe's own blocks (1x128 per token row, 128x128 per weight block), which cuBLASLt promotes as
+// our kernel does.
+enum class DenseScaling { per_tensor, blocks };
+
 // A dense product D[m x n] = A[m x k] B[n x k]^T through cuBLASLt, both operands K-major (as tokens
-// and weights are), FP32 accumulation, BF16 output; FP8 E4M3 with per-tensor scales, or BF16. The
+// and weights are), FP32 accumulation, BF16 output; FP8 E4M3 (DenseScaling), or BF16. The
 // GEMM benchmark times it at a row's own shape right before the row, so that both run in the same
 // power and clock state: back-to-back launches of several milliseconds run into the board's power
 // cap, which the short 8192^3 ceiling at the start of a run does not.
 class DenseGemm {
  public:
-  DenseGemm(uint64_t max_m, uint32_t n, uint32_t k, bool fp8);  // random operands, up to max_m rows
+  // Random operands, up to max_m rows.
+  DenseGemm(uint64_t max_m, uint32_t n, uint32_t k, bool fp8, DenseScaling scaling = DenseScaling::per_tensor);
   ~DenseGemm();
   DenseGemm(const DenseGemm&) = delete;
   DenseGemm& operator=(const DenseGemm&) = delete;
-  // Median TFLOP/s at m rows over `repeats` runs after `warmups`.
+  // Median TFLOP/s at m rows over `repeats` runs after `warmups`; NaN when cuBLASLt has no algorithm
+  // for it (block scaling needs a recent cuBLASLt).
   double tflops(uint64_t m, cudaStream_t stream, int repeats, int warmups) const;
 
  private:
@@ -43,6 +72,7 @@ class DenseGemm {
   uint64_t max_m_;
   uint32_t n_, k_;
   bool fp8_;
+  DenseScaling scaling_;
 };
 
 }  // namespace megamoe::bench

@@ -2,9 +2,12 @@
 // L2: N 7168 x K 2048 with the store epilogue), against ceilings measured in the same run: dense
 // cuBLASLt FP8/BF16 TFLOP/s and the HBM copy rate (for weight bytes read per second). fp8_fp4 is
 // compared with dense FP8 (its wgmmas are FP8 ones) and counts its packed weight bytes. Decode rows
-// also time the launch without the split-K workspace (us_unsplit, split_speedup). Prefill rows
+// are timed from a flushed L2 with the host's launch work hidden (us), and also from a warm L2 with
+// it included (us_warm), and without the split-K workspace (us_unsplit, split_speedup). Prefill rows
 // (tokens_on_m tiles) also time a dense cuBLASLt product of their own shape (all rows x N x K)
-// right before them, in the same power state (dense_same_shape_tflops, tflops_vs_dense_same_shape).
+// right before them, in the same power state (dense_same_shape_tflops, tflops_vs_dense_same_shape),
+// and for the scaled recipes the same FP8 product with the fp8 recipe's block scales, which
+// cuBLASLt promotes as our kernel does (dense_blocks_same_shape_tflops, tflops_vs_dense_blocks_same_shape).
 //   megamoe_gemm_bench [--out FILE.json] [--recipes fp8,fp8_fp4,bf16] [--experts 32,128] [--tokens 1,4,...]
 #include <cuda_runtime_api.h>
 
@@ -136,6 +139,7 @@ int main(int argc, char** argv) {
     cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "multiprocessor count");
     cudaStream_t stream;
     cuda_ok(cudaStreamCreate(&stream), "cudaStreamCreate");
+    const L2Flush flush;
     const uint32_t max_experts = *std::max_element(expert_counts.begin(), expert_counts.end());
     const uint32_t max_tokens = *std::max_element(token_counts.begin(), token_counts.end());
     const uint64_t max_rows = align_up(uint64_t{max_experts} * max_tokens + 256, 256);
@@ -180,7 +184,8 @@ int main(int argc, char** argv) {
         uint8_t* split_workspace = device_alloc<uint8_t>(kGemmSplitWorkspaceBytes);
         cuda_ok(cudaMemset(split_workspace, 0, kGemmSplitWorkspaceBytes), "cudaMemset");
         uint32_t* prefix = device_alloc<uint32_t>(max_experts + 1);
-        std::unique_ptr<DenseGemm> same_shape;  // made at the stage's first prefill row
+        std::unique_ptr<DenseGemm> same_shape;         // made at the stage's first prefill row
+        std::unique_ptr<DenseGemm> same_shape_blocks;  // the same, FP8 with the fp8 recipe's block scales
 
         for (uint32_t experts : expert_counts) {
           for (uint32_t tokens : token_counts) {
@@ -224,15 +229,23 @@ int main(int argc, char** argv) {
                                                sms, stream);
                     }
                   };
-              // Decode tiles: also timed without the split-K workspace (tiles never split), as the
+              // Decode tiles stream weights: timed from a flushed L2, with the host's launch preparation
+              // hidden behind the flush (time_cold_us), and also as before (us_warm: warm L2, host
+              // time included). Also timed without the split-K workspace (tiles never split), as the
               // same-run baseline of split K.
               const gemm::TileShape tile = gemm::choose_tile(operands.expected_rows_per_group, experts, recipe);
               const bool decode = tile.layout == gemm::TileLayout::weights_on_m;
-              const double us_unsplit = decode ? time_us(run, stream, repeats, 2) : 0.0;
+              const double us_unsplit = decode ? time_cold_us(run, stream, flush, repeats, 2) : 0.0;
               if (!decode && !same_shape) same_shape = std::make_unique<DenseGemm>(max_rows, stage.n_out, stage.k, scaled);
+              if (!decode && scaled && !same_shape_blocks)
+                same_shape_blocks =
+                    std::make_unique<DenseGemm>(max_rows, stage.n_out, stage.k, true, DenseScaling::blocks);
               const double same_shape_tflops = decode ? 0.0 : same_shape->tflops(total_rows, stream, repeats, 2);
+              const double same_shape_blocks_tflops =
+                  decode || !scaled ? 0.0 : same_shape_blocks->tflops(total_rows, stream, repeats, 2);
               operands.split_workspace = {split_workspace, kGemmSplitWorkspaceBytes};
-              const double us = time_us(run, stream, repeats, 2);
+              const double us = decode ? time_cold_us(run, stream, flush, repeats, 2) : time_us(run, stream, repeats, 2);
+              const double us_warm = decode ? time_us(run, stream, repeats, 2) : 0.0;
               operands.split_workspace = {};
               DeviceError recorded{};
               cuda_ok(cudaMemcpy(&recorded, &control->error, sizeof(recorded), cudaMemcpyDeviceToHost), "error record");
@@ -257,15 +270,22 @@ int main(int argc, char** argv) {
               if (decode) {
                 row.emplace_back("us_unsplit", us_unsplit);
                 row.emplace_back("split_speedup", us_unsplit / us);
+                row.emplace_back("us_warm", us_warm);
               } else {
                 row.emplace_back("dense_same_shape_tflops", same_shape_tflops);
                 row.emplace_back("tflops_vs_dense_same_shape", tflops / same_shape_tflops);
+                if (scaled) {
+                  row.emplace_back("dense_blocks_same_shape_tflops", same_shape_blocks_tflops);
+                  row.emplace_back("tflops_vs_dense_blocks_same_shape", tflops / same_shape_blocks_tflops);
+                }
               }
               report.rows.push_back(std::move(row));
               std::fprintf(stderr, "%s %s E=%u t=%u %s: %.1f us, %.0f TFLOP/s, %.0f GB/s of weights", recipe_name.c_str(),
                            stage.name, experts, tokens, routing.c_str(), us, tflops, weight_gbps);
-              if (decode) std::fprintf(stderr, "\n");
-              else std::fprintf(stderr, ", dense at this shape %.0f TFLOP/s\n", same_shape_tflops);
+              if (decode) std::fprintf(stderr, " (warm L2, host time included: %.1f us)\n", us_warm);
+              else
+                std::fprintf(stderr, ", dense at this shape %.0f TFLOP/s (with fp8 block scales %.0f)\n",
+                             same_shape_tflops, same_shape_blocks_tflops);
             }
           }
         }
