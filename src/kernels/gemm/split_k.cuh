@@ -73,19 +73,27 @@ __device__ bool gather_splits(const SplitArgs& split, const WorkUnit& unit, uint
   math_barrier<Config>();
   if (*flag == 0) return false;
   __threadfence();
+  // Every split's part is loaded before any is added: predicated loads, all in flight at once. (A
+  // loop that broke out past the last split waited one round trip to L2 per split: the one-expert
+  // fp8 L1 launch took 24-25 us against 20-21 us now.) Then the parts are added in split order; the
+  // missing ones add zero.
+  float4 parts[kVectors][kMaxSplits];
+#pragma unroll
+  for (uint32_t v = 0; v < kVectors; ++v)
+#pragma unroll
+    for (uint32_t s = 0; s < kMaxSplits; ++s)
+      parts[v][s] = s < splits ? __ldcg(tile_slots + (uint64_t{s} * kVectors + v) * kThreads + math_thread)
+                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
   for (uint32_t v = 0; v < kVectors; ++v) {
     const uint32_t i = 4 * v % Config::kAccRegs, j = 4 * v / Config::kAccRegs;
-    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    // Unrolled to the maximum so that all the loads are in flight at once.
+    float4 sum = parts[v][0];
 #pragma unroll
-    for (uint32_t s = 0; s < kMaxSplits; ++s) {
-      if (s >= splits) break;
-      const float4 part = __ldcg(tile_slots + (uint64_t{s} * kVectors + v) * kThreads + math_thread);
-      sum.x += part.x;
-      sum.y += part.y;
-      sum.z += part.z;
-      sum.w += part.w;
+    for (uint32_t s = 1; s < kMaxSplits; ++s) {
+      sum.x += parts[v][s].x;
+      sum.y += parts[v][s].y;
+      sum.z += parts[v][s].z;
+      sum.w += parts[v][s].w;
     }
     acc[j][i] = sum.x;
     acc[j][i + 1] = sum.y;
