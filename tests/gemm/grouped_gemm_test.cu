@@ -481,7 +481,7 @@ MEGAMOE_GEMM_CASE(OneGroupManyRows, std::vector<Case>{{GetParam(), {300}, 512, 2
 MEGAMOE_GEMM_CASE(EightUnevenGroupsWithEmptyAndSingleRowOnes,
                   std::vector<Case>{{GetParam(), {5, 0, 1, 77, 16, 0, 33, 1}, 384, 256, 20, 0}})
 MEGAMOE_GEMM_CASE(ThirtyTwoGroupsSmallGridLoopsOverTiles,
-                  std::vector<Case>{{GetParam(), random_rows(32, 70, 0.2, rng), 256, 384, 40, 7}})
+                  std::vector<Case>{{GetParam(), random_rows(32, 70, 0.2, rng), 256, 384, 30, 7}})
 MEGAMOE_GEMM_CASE(HundredTwentyEightGroupsDecodeSized,
                   std::vector<Case>{{GetParam(), random_rows(128, 6, 0.3, rng), 256, 128, 4, 0}})
 MEGAMOE_GEMM_CASE(TokenTile16, std::vector<Case>{{GetParam(), {11, 33, 0, 16}, 256, 128, 8, 0}})
@@ -494,12 +494,16 @@ MEGAMOE_GEMM_CASE(DecodeRowsOfManyGroupsTake64TokenTiles,
                                      256, 128, 12, 0}})
 // 32 expected rows also take the 64-token tile: groups of 35 and 65 rows end in tiles of 3 and 1.
 MEGAMOE_GEMM_CASE(TokenTile64For32ExpectedRows, std::vector<Case>{{GetParam(), {35, 65, 0, 32}, 256, 128, 32, 0}})
-MEGAMOE_GEMM_CASE(TokenTile64, std::vector<Case>{{GetParam(), {67, 129, 0, 64}, 256, 128, 64, 0}})
+MEGAMOE_GEMM_CASE(TokenTile64, std::vector<Case>{{GetParam(), {67, 129, 0, 64}, 256, 128, 36, 0}})
 // Groups of one token tile of 17..32 and 1..16 rows in the 64-token config run 32- and 16-wide
 // wgmmas; the group of 89 rows keeps 64 for both its tiles.
 MEGAMOE_GEMM_CASE(TokenTile64NarrowWgmmasForSingleTileGroups,
-                  std::vector<Case>{{GetParam(), {20, 89, 7, 0, 64, 33}, 256, 128, 64, 0}})
-// Above 64 expected rows the tile switches to tokens on wgmma's M (128 tokens x 256 weight rows).
+                  std::vector<Case>{{GetParam(), {20, 89, 7, 0, 64, 33}, 256, 128, 36, 0}})
+// From 40 expected rows (bf16: 49, fp8_fp4: 65) the tile switches to tokens on wgmma's M (128 tokens
+// x 256 weight rows): groups of up to 64 rows leave the second math warpgroup idle, and those of
+// 65..128 rows are one tile.
+MEGAMOE_GEMM_CASE(TokensOnMFromFortyRows,
+                  std::vector<Case>{{GetParam(), {40, 64, 1, 0, 65, 20, 128, 129}, 256, 128, 56, 0}})
 MEGAMOE_GEMM_CASE(TokensOnM, std::vector<Case>{{GetParam(), {203, 401, 0, 200}, 256, 128, 200, 0}})
 MEGAMOE_GEMM_CASE(TokensOnMPartialWeightTileAndSmallGrid,
                   std::vector<Case>{{GetParam(), {129, 1, 0, 640, 77, 128}, 384, 384, 300, 5}})

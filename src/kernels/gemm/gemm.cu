@@ -69,10 +69,10 @@ void validate_operands(const GemmOperands& operands, uint32_t element_bytes, boo
 }  // namespace
 
 TileShape choose_tile(uint32_t expected_rows_per_group, uint32_t num_groups, Recipe recipe) {
-  if (expected_rows_per_group > 64) return {TileLayout::tokens_on_m, 128};
+  const bool packed = recipe == Recipe::fp8_fp4;
+  if (expected_rows_per_group >= tokens_on_m_rows(recipe)) return {TileLayout::tokens_on_m, 128};
   const bool wide = expected_rows_per_group > 16 ||
-                    (expected_rows_per_group >= kWideDecodeRows && num_groups >= kWideDecodeGroups &&
-                     recipe != Recipe::fp8_fp4);
+                    (expected_rows_per_group >= kWideDecodeRows && num_groups >= kWideDecodeGroups && !packed);
   return {TileLayout::weights_on_m, wide ? 64u : 16u};
 }
 
