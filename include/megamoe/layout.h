@@ -39,9 +39,11 @@ inline constexpr uint64_t kRegionAlign = 4096;
 // least kPoolRowAlign - 1 rows beyond the worst case, so a GEMM tile (at most this many rows) that
 // starts at an expert's last row stays inside the pool (expert offsets are unaligned prefix sums).
 inline constexpr uint64_t kPoolRowAlign = 256;
-// The grouped GEMM's split-K workspace (kernels/gemm/split_k.cuh): an arrival counter per tile,
-// then one wave of work units' partial sums: 132 SMs (H100/H200) x 16 KiB (16-token tiles).
+// The grouped GEMM's workspace (kernels/gemm/split_k.cuh): counters (split K's arrival counter per
+// split tile, and the last one the launch's work-unit counter), then one wave of work units' partial
+// sums: 132 SMs (H100/H200) x 16 KiB (16-token tiles).
 inline constexpr uint32_t kGemmSplitCounters = 1024;
+inline constexpr uint32_t kGemmUnitCounter = kGemmSplitCounters - 1;
 inline constexpr uint64_t kGemmSplitWorkspaceBytes = kGemmSplitCounters * 4ull + 132ull * 16384;
 
 MEGAMOE_HD uint64_t align_up(uint64_t value, uint64_t alignment) {

@@ -1,8 +1,8 @@
 // The grouped GEMM engine against a CPU reference with the same quantization, on fresh random
 // inputs: both epilogues, all three recipes, 1..128 groups, uneven, empty and single-row groups, row
 // counts that are not multiples of the token tile, a grid smaller than the tile count, decode tiles
-// too few for the grid (split K). Each case launches twice on one split-K workspace (which the first
-// launch must leave ready for the second); outputs are poisoned before each launch, and every element
+// too few for the grid (split K). Each case launches twice on one workspace (split K's counters and
+// the claimed-unit counter, which the first launch must leave at zero for the second); outputs are poisoned before each launch, and every element
 // that should be written is checked and every other one must still hold the poison.
 #include <gtest/gtest.h>
 
@@ -194,6 +194,15 @@ DeviceBuffer<uint8_t> split_workspace() {
   return workspace;
 }
 
+// Every launch leaves the workspace's counters (split K's and the unit counter) at zero for the next.
+void expect_counters_reset(DeviceBuffer<uint8_t>& workspace) {
+  std::vector<uint32_t> counters(kGemmSplitCounters);
+  MEGAMOE_CUDA_OK(cudaMemcpy(counters.data(), workspace.get(), counters.size() * 4, cudaMemcpyDeviceToHost));
+  for (uint32_t i = 0; i < kGemmSplitCounters; ++i)
+    ASSERT_EQ(counters[i], 0u) << "workspace counter " << i << " was left set (" << kGemmUnitCounter
+                               << " is the unit counter)";
+}
+
 // The split count the kernel derives for this case's tiles (1 for tokens_on_m), so that a case meant
 // to exercise split K fails if it no longer does.
 uint32_t expected_splits(const Case& c, uint32_t n_out, uint32_t k) {
@@ -271,6 +280,7 @@ void run_swiglu_case(const Case& c) {
   }
   MEGAMOE_CUDA_OK(cudaDeviceSynchronize());
   ASSERT_EQ(d_control.download()[0].error.code, kDeviceOk) << "the GEMM pipeline recorded a stuck wait";
+  expect_counters_reset(workspace);
 
   const std::vector<uint8_t> out = d_out.download();
   const std::vector<float> out_scales = d_out_scales.download();
@@ -415,6 +425,7 @@ void run_store_case(const Case& c) {
   }
   MEGAMOE_CUDA_OK(cudaDeviceSynchronize());
   ASSERT_EQ(d_control.download()[0].error.code, kDeviceOk) << "the GEMM pipeline recorded a stuck wait";
+  expect_counters_reset(workspace);
 
   std::vector<std::vector<uint16_t>> out;
   for (const auto& buffer : combine) out.push_back(buffer.download());

@@ -48,6 +48,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
       cuda::ptx::mbarrier_init(smem.full(stage), full_arrivals);
       cuda::ptx::mbarrier_init(smem.empty(stage), Config::kMathWarpgroups * 4);
       if constexpr (Config::kPacked) cuda::ptx::mbarrier_init(smem.raw_full(stage), 1);
+      cuda::ptx::mbarrier_init(smem.unit_ready(stage), 1);
     }
     // Make the initialized barriers visible to the async (TMA) proxy.
     cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
@@ -81,20 +82,20 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
   const uint32_t math_thread = thread - 128;
   RingPosition<Config::kStages> ring;
   float acc[2][Config::kAccRegs];
-  const uint32_t num_units = scheduler.num_units();
   // tokens_on_m: warpgroup 1 starts kStaggerKBlocks behind warpgroup 0 (pipeline.cuh).
   constexpr bool kStaggered = Config::kLayout == TileLayout::tokens_on_m;
   constexpr uint32_t kNoStagger = ~0u;
-  if (kStaggered && math_warpgroup == 1 && blockIdx.x < num_units) stagger_wait();
   uint32_t group_cursor = 0;
-  for (uint32_t index = blockIdx.x; index < num_units; index += gridDim.x) {
+  for (bool first_unit = true;; first_unit = false) {
+    const uint32_t index = next_unit(smem, ring, first.watch);
+    if (index == kNoUnit) break;
+    if (kStaggered && math_warpgroup == 1 && first_unit) stagger_wait();
     const WorkUnit unit = scheduler.unit(index, group_cursor);
     const Tile& tile = unit.tile;
     const GemmJob<Epilogue>& job = jobs.job[tile.job];
     const auto prefetched = job.epilogue.prefetch(tile, math_warpgroup, warp, lane);
-    const uint32_t stagger_kb = kStaggered && math_warpgroup == 0 && index == blockIdx.x
-                                    ? min(kStaggerKBlocks, job.args.k_blocks - 1)
-                                    : kNoStagger;
+    const uint32_t stagger_kb =
+        kStaggered && math_warpgroup == 0 && first_unit ? min(kStaggerKBlocks, job.args.k_blocks - 1) : kNoStagger;
     consume_unit<Config>(smem, ring, unit, job.args, math_warpgroup, warp, lane, stagger_kb, acc);
     if constexpr (kSplitsK<Config>) {
       if (unit.splits > 1 && !gather_splits<Config>(jobs.split, unit, smem.split_flag(), math_thread, acc)) continue;

@@ -71,6 +71,7 @@ void launch_config(std::span<const Job> jobs, int grid, cudaStream_t stream) {
   for (size_t j = 0; j < jobs.size(); ++j)
     params.job[j] = make_job<Config>(jobs[j].operands, EpilogueFor<Config>::make(jobs[j].operands, jobs[j].output));
   const SplitWorkspace& workspace = jobs[0].operands.split_workspace;
+  if (workspace.data != nullptr) params.unit_counter = static_cast<uint32_t*>(workspace.data) + kGemmUnitCounter;
   if (kSplitsK<Config> && workspace.data != nullptr) {
     params.split.counters = static_cast<uint32_t*>(workspace.data);
     params.split.partials = reinterpret_cast<float*>(static_cast<char*>(workspace.data) + kSplitPartialsOffset);

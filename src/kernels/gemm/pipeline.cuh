@@ -87,14 +87,18 @@ struct GemmConfig {
       kLayout == TileLayout::weights_on_m ? (4 * kMathWarpgroups + 2) * kBlockN * 4 : 0;
   static constexpr uint32_t kSchedulerBytes = 2 * (kMaxGroups + 1) * 4;
   static constexpr uint32_t kFlagBytes = 16;  // split K: whether this CTA's unit was its tile's last
+  // Per stage, the index of the work unit whose first K block the stage holds (mainloop.cuh).
+  static constexpr uint32_t kUnitSlotBytes = 8 * 4;
 
   static constexpr uint32_t kSmemLimit = 227 * 1024;
   static constexpr uint32_t kFixedBytes = 1024 /* alignment slack */ + kStagingBytes + kExchangeBytes +
-                                          kSchedulerBytes + kFlagBytes + kTableBytes + 3 * 8 * 16 /* barriers */;
+                                          kSchedulerBytes + kFlagBytes + kUnitSlotBytes + kTableBytes +
+                                          4 * 8 * 16 /* barriers */;
   static constexpr uint32_t kStageBytes = kWeightBytes + kTokenBytes + kScaleStride + kRawStride;
   static constexpr uint32_t kStagesFit = (kSmemLimit - kFixedBytes) / kStageBytes;
   static constexpr uint32_t kStages = kStagesFit > 8 ? 8 : kStagesFit;
   static_assert(kStages >= 2, "tile does not fit shared memory with two stages");
+  static_assert(kStages * 4 <= kUnitSlotBytes, "a unit slot per stage");
 
   // Offsets from the 1024-aligned base.
   static constexpr uint32_t kWeightOffset = 0;
@@ -104,10 +108,12 @@ struct GemmConfig {
   static constexpr uint32_t kFullOffset = kRawOffset + kStages * kRawStride;
   static constexpr uint32_t kEmptyOffset = kFullOffset + kStages * 8;
   static constexpr uint32_t kRawFullOffset = kEmptyOffset + kStages * 8;
-  static constexpr uint32_t kTableOffset = kRawFullOffset + kStages * 8;
+  static constexpr uint32_t kUnitReadyOffset = kRawFullOffset + kStages * 8;
+  static constexpr uint32_t kTableOffset = kUnitReadyOffset + kStages * 8;
   static constexpr uint32_t kSchedulerOffset = kTableOffset + kTableBytes;
   static constexpr uint32_t kFlagOffset = kSchedulerOffset + kSchedulerBytes;
-  static constexpr uint32_t kExchangeOffset = kFlagOffset + kFlagBytes;
+  static constexpr uint32_t kUnitSlotOffset = kFlagOffset + kFlagBytes;
+  static constexpr uint32_t kExchangeOffset = kUnitSlotOffset + kUnitSlotBytes;
   static constexpr uint32_t kStagingOffset = (kExchangeOffset + kExchangeBytes + 127) / 128 * 128;
   static constexpr uint32_t kSmemBytes = kStagingOffset + kStagingBytes + 1024;
   static_assert(kSmemBytes <= kSmemLimit, "shared memory budget exceeded");
@@ -146,6 +152,11 @@ struct SharedStorage {
   __device__ uint64_t* raw_full(uint32_t stage) const {
     return reinterpret_cast<uint64_t*>(base + Config::kRawFullOffset) + stage;
   }
+  // Completes when the producer has claimed the stage's K block (and written the unit slot of a
+  // unit's first stage), before its bytes land (mainloop.cuh).
+  __device__ uint64_t* unit_ready(uint32_t stage) const {
+    return reinterpret_cast<uint64_t*>(base + Config::kUnitReadyOffset) + stage;
+  }
   __device__ uint2* e2m1_tables() const { return reinterpret_cast<uint2*>(base + Config::kTableOffset); }
   __device__ uint64_t* full(uint32_t stage) const {
     return reinterpret_cast<uint64_t*>(base + Config::kFullOffset) + stage;
@@ -155,6 +166,9 @@ struct SharedStorage {
   }
   __device__ uint32_t* scheduler() const { return reinterpret_cast<uint32_t*>(base + Config::kSchedulerOffset); }
   __device__ uint32_t* split_flag() const { return reinterpret_cast<uint32_t*>(base + Config::kFlagOffset); }
+  __device__ uint32_t* unit_slot(uint32_t stage) const {
+    return reinterpret_cast<uint32_t*>(base + Config::kUnitSlotOffset) + stage;
+  }
   __device__ float* exchange() const { return reinterpret_cast<float*>(base + Config::kExchangeOffset); }
   __device__ uint8_t* staging() const { return base + Config::kStagingOffset; }
   __device__ uint32_t staging_address() const { return base_address + Config::kStagingOffset; }

@@ -32,11 +32,12 @@ inline constexpr bool kSplitsK = Config::kLayout == TileLayout::weights_on_m && 
 template <class Config>
 inline constexpr uint64_t kSplitUnitBytes = uint64_t{Config::kMathThreads} * 2 * Config::kAccRegs * sizeof(float);
 
-// Work-unit slots a workspace of `bytes` holds for units of `unit_bytes` (0: no split K).
+// Work-unit slots a workspace of `bytes` holds for units of `unit_bytes` (0: no split K); the split
+// tiles' counters stay below the unit counter.
 MEGAMOE_HD constexpr uint32_t split_capacity_units(uint64_t bytes, uint64_t unit_bytes) {
   if (bytes <= kSplitPartialsOffset) return 0;
   const uint64_t units = (bytes - kSplitPartialsOffset) / unit_bytes;
-  return units < kGemmSplitCounters ? static_cast<uint32_t>(units) : kGemmSplitCounters;
+  return units < kGemmUnitCounter ? static_cast<uint32_t>(units) : kGemmUnitCounter;
 }
 
 struct SplitArgs {
