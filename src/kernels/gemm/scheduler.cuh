@@ -6,7 +6,8 @@
 // next band): the band's tokens stay in L2 while its weight tiles go by, instead of every token
 // tile being evicted and fetched again for each m tile.
 // Empty groups have no tiles. Every CTA builds the per-group tile prefix in shared memory from the
-// device-side row offsets (the host never reads them) and walks tiles blockIdx.x, +gridDim.x, ...
+// device-side row offsets (the host never reads them); which units a CTA runs is mainloop.cuh's
+// UnitClaims (blockIdx.x first, then claimed in order).
 //
 // A launch may carry a second job of one group with host-known rows (the shared experts next to the
 // routed ones): its tiles follow the first job's, so one persistent grid balances both.
