@@ -166,13 +166,19 @@ void fill_random(void* data, uint64_t count, bool bf16, float bf16_magnitude, ui
   cuda_ok(cudaGetLastError(), "fill_random launch");
 }
 
-double time_us(const std::function<void()>& work, cudaStream_t stream, int repeats, int warmups) {
+namespace {
+
+// Median of `repeats` event-timed runs of `work` after `warmups`; `before` (if any) is queued before
+// each run's start event.
+double median_us(const std::function<void()>& work, const std::function<void()>& before, cudaStream_t stream,
+                 int repeats, int warmups) {
   for (int i = 0; i < warmups; ++i) work();
   cudaEvent_t start, stop;
   cuda_ok(cudaEventCreate(&start), "cudaEventCreate");
   cuda_ok(cudaEventCreate(&stop), "cudaEventCreate");
   std::vector<float> times;
   for (int i = 0; i < repeats; ++i) {
+    if (before) before();
     cuda_ok(cudaEventRecord(start, stream), "cudaEventRecord");
     work();
     cuda_ok(cudaEventRecord(stop, stream), "cudaEventRecord");
@@ -185,6 +191,12 @@ double time_us(const std::function<void()>& work, cudaStream_t stream, int repea
   cudaEventDestroy(stop);
   std::sort(times.begin(), times.end());
   return 1000.0 * times[times.size() / 2];
+}
+
+}  // namespace
+
+double time_us(const std::function<void()>& work, cudaStream_t stream, int repeats, int warmups) {
+  return median_us(work, nullptr, stream, repeats, warmups);
 }
 
 L2Flush::L2Flush() {
@@ -209,25 +221,7 @@ void L2Flush::run(cudaStream_t stream) const {
 
 double time_cold_us(const std::function<void()>& work, cudaStream_t stream, const L2Flush& flush, int repeats,
                     int warmups) {
-  for (int i = 0; i < warmups; ++i) work();
-  cudaEvent_t start, stop;
-  cuda_ok(cudaEventCreate(&start), "cudaEventCreate");
-  cuda_ok(cudaEventCreate(&stop), "cudaEventCreate");
-  std::vector<float> times;
-  for (int i = 0; i < repeats; ++i) {
-    flush.run(stream);
-    cuda_ok(cudaEventRecord(start, stream), "cudaEventRecord");
-    work();
-    cuda_ok(cudaEventRecord(stop, stream), "cudaEventRecord");
-    cuda_ok(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float ms = 0;
-    cuda_ok(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    times.push_back(ms);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(times.begin(), times.end());
-  return 1000.0 * times[times.size() / 2];
+  return median_us(work, [&] { flush.run(stream); }, stream, repeats, warmups);
 }
 
 double hbm_copy_gbps() {
