@@ -35,7 +35,7 @@ __global__ void fill_random_kernel(uint8_t* data, uint64_t count, bool bf16, flo
 
 constexpr size_t kDenseWorkspace = 64ull << 20;
 
-__global__ void fill_float_kernel(float* data, uint64_t count, float value) {
+__global__ void fill_value_kernel(float* data, uint64_t count, float value) {
   for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < count; i += uint64_t{gridDim.x} * blockDim.x)
     data[i] = value;
 }
@@ -82,9 +82,8 @@ DenseGemm::DenseGemm(uint64_t max_m, uint32_t n, uint32_t k, bool fp8, DenseScal
     const uint64_t a_count = (max_m + 128) * (k / 128 + 1), b_count = uint64_t{n / 128 + 1} * (k / 128 + 1);
     cuda_ok(cudaMalloc(&state_->a_scales, a_count * 4), "cudaMalloc(dense A scales)");
     cuda_ok(cudaMalloc(&state_->b_scales, b_count * 4), "cudaMalloc(dense B scales)");
-    fill_float_kernel<<<256, 256>>>(state_->a_scales, a_count, 1.0f);
-    fill_float_kernel<<<256, 256>>>(state_->b_scales, b_count, 1.0f);
-    cuda_ok(cudaGetLastError(), "fill scales");
+    fill_value(state_->a_scales, a_count, 1.0f, nullptr);
+    fill_value(state_->b_scales, b_count, 1.0f, nullptr);
     const cublasLtMatmulMatrixScale_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F,
                                       b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
     cublas_ok(cublasLtMatmulDescSetAttribute(state_->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode)),
@@ -164,6 +163,11 @@ double dense_tflops(bool fp8) {
 void fill_random(void* data, uint64_t count, bool bf16, float bf16_magnitude, uint64_t seed, cudaStream_t stream) {
   fill_random_kernel<<<4096, 256, 0, stream>>>(static_cast<uint8_t*>(data), count, bf16, bf16_magnitude, seed);
   cuda_ok(cudaGetLastError(), "fill_random launch");
+}
+
+void fill_value(float* data, uint64_t count, float value, cudaStream_t stream) {
+  fill_value_kernel<<<1024, 256, 0, stream>>>(data, count, value);
+  cuda_ok(cudaGetLastError(), "fill_value launch");
 }
 
 namespace {

@@ -12,6 +12,8 @@ namespace megamoe::bench {
 // Fills `count` elements with random finite values (never zeros: they hide unwritten outputs and run
 // faster than real data): E4M3 codes of uniform [-448, 448), or BF16 of uniform [-magnitude, magnitude).
 void fill_random(void* data, uint64_t count, bool bf16, float bf16_magnitude, uint64_t seed, cudaStream_t stream);
+// Sets `count` floats to `value`.
+void fill_value(float* data, uint64_t count, float value, cudaStream_t stream);
 
 // Median time in microseconds of `work` on `stream` over `repeats` runs after `warmups`, with events.
 // The events bracket the host's launch preparation too, since the stream is idle when `work` starts.

@@ -37,11 +37,6 @@ void cuda_ok(cudaError_t status, const char* what) {
   require(status == cudaSuccess, what, "failed: ", cudaGetErrorString(status));
 }
 
-__global__ void fill_value(float* data, uint64_t count, float value) {
-  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < count; i += uint64_t{gridDim.x} * blockDim.x)
-    data[i] = value;
-}
-
 template <typename T>
 T* device_alloc(uint64_t count) {
   T* pointer = nullptr;
@@ -164,11 +159,11 @@ int main(int argc, char** argv) {
         float* act_scales = device_alloc<float>(max_rows * (stage.k / 128));
         fill_random(weights, packed ? weight_storage : weight_elements, !scaled, 0.05f, 7, stream);
         fill_random(acts, max_rows * stage.k, !scaled, 0.05f, 11, stream);
-        fill_value<<<1024, 256, 0, stream>>>(weight_scales, uint64_t{max_experts} * (stage.n_out / 64) * (stage.k / 128),
-                                             1.0f / 4096.0f);
-        fill_value<<<1024, 256, 0, stream>>>(act_scales, max_rows * (stage.k / 128), 1.0f / 448.0f);
+        fill_value(weight_scales, uint64_t{max_experts} * (stage.n_out / 64) * (stage.k / 128), 1.0f / 4096.0f,
+                   stream);
+        fill_value(act_scales, max_rows * (stage.k / 128), 1.0f / 448.0f, stream);
         float* row_weights = device_alloc<float>(max_rows);
-        fill_value<<<1024, 256, 0, stream>>>(row_weights, max_rows, 0.5f);
+        fill_value(row_weights, max_rows, 0.5f, stream);
         // Outputs: the L2 pool for L1; combine slots for L2 (sources wrap around kCombineTokens).
         uint8_t* l1_out = stage.n_out == 2 * kIntermediate ? device_alloc<uint8_t>(max_rows * kIntermediate * element_bytes)
                                                            : nullptr;

@@ -87,18 +87,18 @@ struct GemmConfig {
       kLayout == TileLayout::weights_on_m ? (4 * kMathWarpgroups + 2) * kBlockN * 4 : 0;
   static constexpr uint32_t kSchedulerBytes = 2 * (kMaxGroups + 1) * 4;
   static constexpr uint32_t kFlagBytes = 16;  // split K: whether this CTA's unit was its tile's last
+  static constexpr uint32_t kMaxStages = 8;
   // Per stage, the index of the work unit whose first K block the stage holds (mainloop.cuh).
-  static constexpr uint32_t kUnitSlotBytes = 8 * 4;
+  static constexpr uint32_t kUnitSlotBytes = kMaxStages * 4;
 
   static constexpr uint32_t kSmemLimit = 227 * 1024;
   static constexpr uint32_t kFixedBytes = 1024 /* alignment slack */ + kStagingBytes + kExchangeBytes +
                                           kSchedulerBytes + kFlagBytes + kUnitSlotBytes + kTableBytes +
-                                          4 * 8 * 16 /* barriers */;
+                                          4 * kMaxStages * 16 /* barriers */;
   static constexpr uint32_t kStageBytes = kWeightBytes + kTokenBytes + kScaleStride + kRawStride;
   static constexpr uint32_t kStagesFit = (kSmemLimit - kFixedBytes) / kStageBytes;
-  static constexpr uint32_t kStages = kStagesFit > 8 ? 8 : kStagesFit;
+  static constexpr uint32_t kStages = kStagesFit > kMaxStages ? kMaxStages : kStagesFit;
   static_assert(kStages >= 2, "tile does not fit shared memory with two stages");
-  static_assert(kStages * 4 <= kUnitSlotBytes, "a unit slot per stage");
 
   // Offsets from the 1024-aligned base.
   static constexpr uint32_t kWeightOffset = 0;
