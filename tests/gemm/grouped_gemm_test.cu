@@ -493,10 +493,20 @@ MEGAMOE_GEMM_CASE(EightUnevenGroupsWithEmptyAndSingleRowOnes,
                   std::vector<Case>{{GetParam(), {5, 0, 1, 77, 16, 0, 33, 1}, 384, 256, 20, 0}})
 MEGAMOE_GEMM_CASE(ThirtyTwoGroupsSmallGridLoopsOverTiles,
                   std::vector<Case>{{GetParam(), random_rows(32, 70, 0.2, rng), 256, 384, 30, 7}})
+// 4 expected rows over 128 groups take the 64-token tile (fp8_fp4: 16); one expected row takes the
+// 16-token tile, where groups of up to 6 rows are one token tile and those of 17..40 several.
 MEGAMOE_GEMM_CASE(HundredTwentyEightGroupsDecodeSized,
                   std::vector<Case>{{GetParam(), random_rows(128, 6, 0.3, rng), 256, 128, 4, 0}})
+MEGAMOE_GEMM_CASE(HundredTwentyEightGroupsOneExpectedRow,
+                  std::vector<Case>{{GetParam(), [&] {
+                                       std::vector<uint32_t> rows = random_rows(128, 3, 0.6, rng);
+                                       rows[5] = 40;
+                                       rows[77] = 17;
+                                       return rows;
+                                     }(),
+                                     256, 128, 1, 0}})
 MEGAMOE_GEMM_CASE(TokenTile16, std::vector<Case>{{GetParam(), {11, 33, 0, 16}, 256, 128, 8, 0}})
-// 8..16 expected rows over 32 groups take the 64-token tile (fp8_fp4 keeps 16): single-tile groups
+// 4..16 expected rows over 32 groups take the 64-token tile (fp8_fp4 keeps 16): single-tile groups
 // of 1..64 rows narrow their wgmmas, and the groups of 150 and 65 rows run their tiles at full width.
 MEGAMOE_GEMM_CASE(DecodeRowsOfManyGroupsTake64TokenTiles,
                   std::vector<Case>{{GetParam(),
@@ -510,7 +520,7 @@ MEGAMOE_GEMM_CASE(TokenTile64, std::vector<Case>{{GetParam(), {67, 129, 0, 64}, 
 // wgmmas; the group of 89 rows keeps 64 for both its tiles.
 MEGAMOE_GEMM_CASE(TokenTile64NarrowWgmmasForSingleTileGroups,
                   std::vector<Case>{{GetParam(), {20, 89, 7, 0, 64, 33}, 256, 128, 36, 0}})
-// From 40 expected rows (bf16: 49, fp8_fp4: 65) the tile switches to tokens on wgmma's M (128 tokens
+// From 40 expected rows (bf16: 49) the tile switches to tokens on wgmma's M (128 tokens
 // x 256 weight rows): groups of up to 64 rows leave the second math warpgroup idle, and those of
 // 65..128 rows are one tile.
 MEGAMOE_GEMM_CASE(TokensOnMFromFortyRows,

@@ -7,19 +7,19 @@
 namespace megamoe::gemm {
 namespace {
 
-// Up to 7 rows: 16-token tiles. 8..16: 64-token tiles for launches of many groups (fewer weight
+// Up to 3 rows: 16-token tiles. 4..16: 64-token tiles for launches of many groups (fewer weight
 // passes for groups of several tiles, narrowed wgmmas for the rest), except with packed weights;
-// launches of few groups keep 16-token tiles and with them split K. 17..39 (bf16: ..48, fp8_fp4:
-// ..64): 64-token tiles, whose wgmmas narrow to a single-tile group's rows (measured faster than
+// launches of few groups keep 16-token tiles and with them split K. 17..39 (bf16: ..48): 64-token
+// tiles, whose wgmmas narrow to a single-tile group's rows (measured faster than
 // 32-token tiles for skewed routing at 32 rows per expert).
 TEST(TileChoice, FewRowsStreamWeightsWith16Or64TokenTiles) {
   for (Recipe recipe : {Recipe::fp8, Recipe::fp8_fp4, Recipe::bf16})
     for (uint32_t groups : {1u, 31u, 32u, 256u}) {
-      for (uint32_t rows : {0u, 1u, 7u}) {
+      for (uint32_t rows : {0u, 1u, 3u}) {
         EXPECT_EQ(choose_tile(rows, groups, recipe).layout, TileLayout::weights_on_m) << rows;
         EXPECT_EQ(choose_tile(rows, groups, recipe).block_n, 16u) << rows << " " << groups;
       }
-      for (uint32_t rows : {8u, 16u}) {
+      for (uint32_t rows : {4u, 7u, 8u, 16u}) {
         const bool wide = groups >= kWideDecodeGroups && recipe != Recipe::fp8_fp4;
         EXPECT_EQ(choose_tile(rows, groups, recipe).layout, TileLayout::weights_on_m) << rows;
         EXPECT_EQ(choose_tile(rows, groups, recipe).block_n, wide ? 64u : 16u) << rows << " " << groups;
@@ -33,20 +33,16 @@ TEST(TileChoice, FewRowsStreamWeightsWith16Or64TokenTiles) {
     EXPECT_EQ(choose_tile(rows, 32, Recipe::bf16).layout, TileLayout::weights_on_m) << rows;
     EXPECT_EQ(choose_tile(rows, 32, Recipe::bf16).block_n, 64u) << rows;
   }
-  for (uint32_t rows : {40u, 64u}) {
-    EXPECT_EQ(choose_tile(rows, 32, Recipe::fp8_fp4).layout, TileLayout::weights_on_m) << rows;
-    EXPECT_EQ(choose_tile(rows, 32, Recipe::fp8_fp4).block_n, 64u) << rows;
-  }
 }
 
-// From 40 rows (bf16: 49, fp8_fp4: 65) a group of up to 128 rows is one token tile and reads each
+// From 40 rows (bf16: 49) a group of up to 128 rows is one token tile and reads each
 // weight tile once.
 TEST(TileChoice, ManyRowsPutTokensOnWgmmaM) {
   EXPECT_EQ(choose_tile(40, 32, Recipe::fp8).layout, TileLayout::tokens_on_m);
   EXPECT_EQ(choose_tile(49, 32, Recipe::bf16).layout, TileLayout::tokens_on_m);
-  EXPECT_EQ(choose_tile(65, 32, Recipe::fp8_fp4).layout, TileLayout::tokens_on_m);
+  EXPECT_EQ(choose_tile(40, 32, Recipe::fp8_fp4).layout, TileLayout::tokens_on_m);
   for (Recipe recipe : {Recipe::fp8, Recipe::fp8_fp4, Recipe::bf16})
-    for (uint32_t rows : {65u, 128u, 256u, 4096u, 1u << 20}) {
+    for (uint32_t rows : {49u, 64u, 128u, 256u, 4096u, 1u << 20}) {
       EXPECT_EQ(choose_tile(rows, 32, recipe).layout, TileLayout::tokens_on_m) << rows;
       EXPECT_EQ(choose_tile(rows, 1, recipe).block_n, 128u) << rows;
     }
