@@ -61,7 +61,7 @@ struct SwigluOutput {
 // a group of many rows streams its weight tiles a quarter as often. So 16-token tiles take up to 3
 // expected rows, and up to 16 rows for launches of fewer than kWideDecodeGroups groups (split K) or
 // with packed weights (fp8_fp4: its raw ring keeps a fourth stage only in 16-token tiles). At 4
-// rows the 64-token tile measured 0.90-0.99x the time under skewed routing (a few groups hold tens
+// rows the 64-token tile measured 0.91-1.00x the time under skewed routing (a few groups hold tens
 // of rows) and 0.99-1.01x under uniform and random routing; at 2 rows random routing made it up to
 // 3% slower (the DeepSeek-V3 layer at 64 tokens 0.7%), and at one row it was mixed.
 inline constexpr uint32_t kWideDecodeRows = 4;
