@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/gemm/gemm.h"
+#include "kernels/gemm/grouped_gemm.cuh"
 #include "kernels/gemm/policy.cuh"
 
 namespace megamoe::gemm {
@@ -55,6 +56,27 @@ TEST(TileConfig, PrefillTilesKeepFourStages) {
   EXPECT_EQ((GemmConfig<Bf16Policy, TileLayout::tokens_on_m, 128>::kStages), 4u);
   EXPECT_LE((GemmConfig<Fp8Policy, TileLayout::tokens_on_m, 128>::kSmemBytes), 227u * 1024);
   EXPECT_LE((GemmConfig<Bf16Policy, TileLayout::tokens_on_m, 128>::kSmemBytes), 227u * 1024);
+}
+
+// setmaxnreg's split of the CTA's registers at launch (a request past them would hang the math
+// warps): 232 math registers, or 216 beside fp8_fp4's converter warpgroup.
+TEST(TileConfig, MathRegistersFitTheLaunchAllocation) {
+  using Fp8Prefill = GemmConfig<Fp8Policy, TileLayout::tokens_on_m, 128>;
+  using Fp8Decode = GemmConfig<Fp8Policy, TileLayout::weights_on_m, 16>;
+  using Bf16Decode = GemmConfig<Bf16Policy, TileLayout::weights_on_m, 64>;
+  using Fp4Decode = GemmConfig<Fp8Fp4Policy, TileLayout::weights_on_m, 16>;
+  using Fp4Prefill = GemmConfig<Fp8Fp4Policy, TileLayout::tokens_on_m, 128>;
+  EXPECT_EQ(kLaunchRegisters<Fp8Prefill>, 168);
+  EXPECT_EQ(kLaunchRegisters<Fp4Prefill>, 128);
+  EXPECT_EQ(kMathRegisters<Fp8Prefill>, 232);
+  EXPECT_EQ(kMathRegisters<Bf16Decode>, 232);
+  EXPECT_EQ(kMathRegisters<Fp4Decode>, 216);
+  EXPECT_EQ(kMathRegisters<Fp4Prefill>, 216);
+  EXPECT_TRUE(kRegistersFit<Fp8Prefill>);
+  EXPECT_TRUE(kRegistersFit<Fp8Decode>);
+  EXPECT_TRUE(kRegistersFit<Bf16Decode>);
+  EXPECT_TRUE(kRegistersFit<Fp4Decode>);
+  EXPECT_TRUE(kRegistersFit<Fp4Prefill>);
 }
 
 TEST(TileConfig, DecodeTilesKeepAtLeastFourStages) {

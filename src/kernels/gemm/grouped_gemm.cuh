@@ -13,14 +13,29 @@
 
 namespace megamoe::gemm {
 
-// The register file (64K) split by setmaxnreg: 128 x 40 for the producer warpgroup, 256 x 232 for
-// the math ones; with a converter warpgroup (128 x 40 too), 256 x 216.
+// setmaxnreg moves registers only within the CTA's allocation at launch: the launch bounds'
+// per-thread count (64K / threads, rounded down to a multiple of 8) times the threads, 168 x 384
+// and 128 x 512 here. The producer warpgroup (and the converter warpgroup) keep 40, the math
+// warpgroups share the rest in multiples of 8: 232, or 216 beside a converter warpgroup. Asking
+// for more than the allocation holds would leave the math warps waiting in setmaxnreg forever,
+// where no pipeline timeout sees them: kRegistersFit is checked at compile time.
 inline constexpr int kProducerRegisters = 40;
 template <class Config>
-inline constexpr int kMathRegisters = Config::kConverterWarpgroups > 0 ? 216 : 232;
+inline constexpr int kLaunchRegisters = 65536 / static_cast<int>(Config::kThreads) / 8 * 8;
+template <class Config>
+inline constexpr int kMathRegisters =
+    (kLaunchRegisters<Config> * static_cast<int>(Config::kThreads) -
+     128 * kProducerRegisters * (1 + static_cast<int>(Config::kConverterWarpgroups))) /
+    (128 * static_cast<int>(Config::kMathWarpgroups)) / 8 * 8;
+template <class Config>
+inline constexpr bool kRegistersFit =
+    128 * kProducerRegisters * (1 + static_cast<int>(Config::kConverterWarpgroups)) +
+        128 * static_cast<int>(Config::kMathWarpgroups) * kMathRegisters<Config> <=
+    kLaunchRegisters<Config> * static_cast<int>(Config::kThreads);
 
 template <class Config, class Epilogue>
 __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmJobs<Epilogue> jobs) {
+  static_assert(kRegistersFit<Config>, "setmaxnreg split exceeds the CTA's registers at launch");
   // Aligned for the 128-byte swizzle atoms: the compiler then folds SharedStorage's padding to zero
   // and every stage address, hence every wgmma descriptor, to constants plus the stage offset.
   extern __shared__ __align__(1024) uint8_t smem_raw[];
