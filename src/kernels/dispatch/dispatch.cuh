@@ -14,6 +14,7 @@
 
 #include "kernels/comm/pull.cuh"
 #include "kernels/comm/sync.cuh"
+#include "kernels/warp_scan.cuh"
 #include "megamoe/comm.h"
 #include "megamoe/layout.h"
 #include "megamoe/problem.h"
@@ -174,22 +175,8 @@ __device__ void build_segments(const DispatchArgs& a, uint32_t* segment_begin) {
 #pragma unroll 4
   for (uint32_t s = threadIdx.x; s < segments; s += blockDim.x) segment_begin[s] = recv_count[s];
   __syncthreads();
-  if (threadIdx.x < 32) {
-    uint32_t running = 0;
-    for (uint32_t base = 0; base < segments; base += 32) {
-      const uint32_t s = base + threadIdx.x;
-      const uint32_t count = s < segments ? segment_begin[s] : 0;
-      uint32_t inclusive = count;
-#pragma unroll
-      for (int offset = 1; offset < 32; offset <<= 1) {
-        const uint32_t other = __shfl_up_sync(0xFFFFFFFFu, inclusive, offset);
-        if (threadIdx.x >= static_cast<uint32_t>(offset)) inclusive += other;
-      }
-      if (s < segments) segment_begin[s] = running + inclusive - count;
-      running += __shfl_sync(0xFFFFFFFFu, inclusive, 31);
-    }
-    if (threadIdx.x == 0) segment_begin[segments] = running;
-  }
+  if (threadIdx.x < 32)
+    device::warp_exclusive_prefix(segments, threadIdx.x, segment_begin, [&](uint32_t s) { return segment_begin[s]; });
   __syncthreads();
   if (blockIdx.x == 0) {
     uint32_t* expert_rows = BufferLayout::at<uint32_t>(a.view.local(), a.layout.expert_rows);

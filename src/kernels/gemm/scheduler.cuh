@@ -21,6 +21,7 @@
 
 #include <cstdint>
 
+#include "kernels/warp_scan.cuh"
 #include "megamoe/config.h"
 
 namespace megamoe::gemm {
@@ -166,26 +167,10 @@ struct TileScheduler {
 #pragma unroll 4
     for (uint32_t g = thread; g <= num_groups; g += num_threads) group_begin[g] = groups.prefix[g];
     __syncthreads();
-    if (thread < 32) {
-      uint32_t running = 0;
-      for (uint32_t base = 0; base < num_groups; base += 32) {
-        const uint32_t g = base + thread;
-        uint32_t tiles = 0;
-        if (g < num_groups) {
-          const uint32_t rows = group_begin[g + 1] - group_begin[g];
-          tiles = m_tiles * ((rows + kBlockN - 1) / kBlockN);
-        }
-        uint32_t inclusive = tiles;
-#pragma unroll
-        for (int offset = 1; offset < 32; offset <<= 1) {
-          const uint32_t other = __shfl_up_sync(0xFFFFFFFFu, inclusive, offset);
-          if (thread >= static_cast<uint32_t>(offset)) inclusive += other;
-        }
-        if (g < num_groups) tile_prefix[g] = running + inclusive - tiles;
-        running += __shfl_sync(0xFFFFFFFFu, inclusive, 31);
-      }
-      if (thread == 0) tile_prefix[num_groups] = running;
-    }
+    if (thread < 32)
+      device::warp_exclusive_prefix(num_groups, thread, tile_prefix, [&](uint32_t g) {
+        return m_tiles * ((group_begin[g + 1] - group_begin[g] + kBlockN - 1) / kBlockN);
+      });
   }
 
   __device__ uint32_t first_job_tiles() const { return tile_prefix[num_groups]; }
