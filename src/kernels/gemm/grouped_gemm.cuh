@@ -14,11 +14,11 @@
 namespace megamoe::gemm {
 
 // setmaxnreg moves registers only within the CTA's allocation at launch: the launch bounds'
-// per-thread count (64K / threads, rounded down to a multiple of 8) times the threads, 168 x 384
-// and 128 x 512 here. The producer warpgroup (and the converter warpgroup) keep 40, the math
-// warpgroups share the rest in multiples of 8: 232, or 216 beside a converter warpgroup. Asking
-// for more than the allocation holds would leave the math warps waiting in setmaxnreg forever,
-// where no pipeline timeout sees them: kRegistersFit is checked at compile time.
+// per-thread count (64K / threads, rounded down to a multiple of 8) times the threads, 168 x 384,
+// 128 x 512 and 96 x 640 here. The producer warpgroup and each converter warpgroup keep 40, the
+// math warpgroups share the rest in multiples of 8: 232, 216 beside one converter warpgroup, 176
+// beside two. Asking for more than the allocation holds would leave the math warps waiting in
+// setmaxnreg forever, where no pipeline timeout sees them: kRegistersFit is checked at compile time.
 inline constexpr int kProducerRegisters = 40;
 template <class Config>
 inline constexpr int kLaunchRegisters = 65536 / static_cast<int>(Config::kThreads) / 8 * 8;
@@ -84,9 +84,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
     return;
   }
   if constexpr (Config::kConverterWarpgroups > 0) {
-    if (warpgroup == 1 + Config::kMathWarpgroups) {
+    if (warpgroup > Config::kMathWarpgroups) {
       ptx::setmaxnreg_decrease<kProducerRegisters>();
-      convert_weights<Config>(smem, scheduler, jobs, 96 + thread % 128, lane);
+      convert_weights<Config>(smem, scheduler, jobs, 96 + 128 * (warpgroup - 1 - Config::kMathWarpgroups) + thread % 128,
+                              lane);
       return;
     }
   }

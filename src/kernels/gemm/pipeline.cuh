@@ -40,10 +40,13 @@ struct GemmConfig {
   static constexpr uint32_t kBlockK = Policy::kBlockK;
   static constexpr uint32_t kRowBytes = 128;      // K bytes per shared-memory row (128-byte swizzle)
   static constexpr uint32_t kMathWarpgroups = 2;
-  // Packed (fp8_fp4) weights are expanded to E4M3 in shared memory by converter warps: a converter
-  // warpgroup after the math ones, and the producer warpgroup's idle warps (see kConverterWarps).
+  // Packed (fp8_fp4) weights are expanded to E4M3 in shared memory by converter warps: converter
+  // warpgroups after the math ones, and the producer warpgroup's idle warps (see kConverterWarps).
+  // Decode tiles, whose math needs few registers and whose time is the expansion's, take two
+  // converter warpgroups (176 math registers); prefill tiles one, since its promotion needs 216.
   // (Math warpgroups expanding their own rows in decode measured slower: it serializes each stage.)
-  static constexpr uint32_t kConverterWarpgroups = Policy::kPackedWeights ? 1 : 0;
+  static constexpr uint32_t kConverterWarpgroups =
+      !Policy::kPackedWeights ? 0 : kLayout == TileLayout::weights_on_m ? 2 : 1;
   static constexpr uint32_t kThreads = 128 * (1 + kMathWarpgroups + kConverterWarpgroups);
   static constexpr uint32_t kMathThreads = 128 * kMathWarpgroups;
   // FP32 accumulators per thread in each of its two accumulator blocks (m64 x n kBlockN, or m64 x n128).
@@ -64,7 +67,7 @@ struct GemmConfig {
   static constexpr uint32_t kRawWeightBytes = kPacked ? kBlockM * kBlockK / 2 : 0;
   static constexpr uint32_t kShiftBytes = kPacked ? kBlockM * (kBlockK / 32) : 0;
   static constexpr uint32_t kRawStride = kRawWeightBytes + kShiftBytes;
-  // Expanding a stage takes about 50 instructions per group of 32 weights: seven warps share it.
+  // Expanding a stage takes about 50 instructions per group of 32 weights: 7 or 11 warps share it.
   static constexpr uint32_t kConverterWarps = kPacked ? 3 + 4 * kConverterWarpgroups : 0;
   static constexpr uint32_t kTableBytes = kPacked ? (kMaxE2M1Shift + 1) * sizeof(uint2) : 0;  // e2m1_table per shift
   // full[s] completes on TMA's bytes and the producer's arrival, plus each converter warp's.
