@@ -2,19 +2,25 @@
 
 #include "comm/check.h"
 #include "kernels/comm/sync.cuh"
+#include "kernels/overlapped_launch.cuh"
 
 namespace megamoe {
 
 namespace {
 
 __global__ void __launch_bounds__(32) rank_barrier_kernel(SymmView view, BufferLayout layout) {
+  wait_for_prior_kernels();
+  allow_next_kernel();
   device::rank_barrier(view, layout);
 }
 
 }  // namespace
 
 void launch_rank_barrier(const SymmBuffer& buffer, cudaStream_t stream) {
-  rank_barrier_kernel<<<1, 32, 0, stream>>>(buffer.view(), buffer.layout());
+  if (overlap_launches(buffer.comm()))
+    MEGAMOE_CHECK_CUDA(launch_overlapped(rank_barrier_kernel, 1, 32, 0, stream, buffer.view(), buffer.layout()));
+  else
+    rank_barrier_kernel<<<1, 32, 0, stream>>>(buffer.view(), buffer.layout());
   MEGAMOE_CHECK_CUDA(cudaGetLastError());
 }
 

@@ -12,4 +12,9 @@ namespace megamoe {
 
 void launch_rank_barrier(const SymmBuffer& buffer, cudaStream_t stream);
 
+// Whether a rank's kernels are launched overlapped (kernels/overlapped_launch.cuh): not between
+// emulated ranks, which share one GPU's SMs: a rank's next kernel, launched early and waiting,
+// would hold SMs that the other ranks' kernels need to reach the barriers this rank waits in.
+inline bool overlap_launches(const Communicator& comm) { return !comm.emulated(); }
+
 }  // namespace megamoe

@@ -11,6 +11,7 @@
 #include "kernels/combine/combine.cuh"
 #include "kernels/dispatch/dispatch.cuh"
 #include "kernels/gemm/gemm.h"
+#include "kernels/overlapped_launch.cuh"
 #include "megamoe/error.h"
 #include "megamoe/layer.h"
 
@@ -75,7 +76,8 @@ dispatch::StagedCopy staged_copy(const TensorView& source, char* destination) {
 // group of `rows`). `rows` is also the expected rows per group, which picks the token tile.
 gemm::GemmOperands expert_operands(const Problem& p, const BufferLayout& l, char* local, uint64_t timeout_ns,
                                    const TensorView& weights, const TensorView& weight_scales,
-                                   const TensorView& weight_shifts, bool first_linear, bool shared, uint32_t rows) {
+                                   const TensorView& weight_shifts, bool first_linear, bool shared, uint32_t rows,
+                                   bool overlapped_launch) {
   const uint32_t intermediate = shared ? l.shared_intermediate : static_cast<uint32_t>(p.intermediate);
   const uint32_t hidden = static_cast<uint32_t>(p.hidden);
   const Region& acts = first_linear ? (shared ? l.x : l.l1_pool) : (shared ? l.shared_l2 : l.l2_pool);
@@ -99,6 +101,7 @@ gemm::GemmOperands expert_operands(const Problem& p, const BufferLayout& l, char
   o.control = l.control_block(local);
   o.rank = static_cast<uint32_t>(p.rank);
   o.split_workspace = {local + l.gemm_split.offset, l.gemm_split.bytes};
+  o.overlapped_launch = overlapped_launch;
   return o;
 }
 
@@ -111,24 +114,27 @@ void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w,
   check_inputs(p, in, y, recv_stats);
   check_weights(p, w);
   const int grid = std::max(1, buffer.comm().sm_budget());
+  // Each kernel is launched while the one before it runs (kernels/overlapped_launch.cuh).
+  const bool overlap = overlap_launches(buffer.comm());
+  const auto launch = [&](auto kernel, int blocks, int threads, size_t smem_bytes, const auto& args, const char* what) {
+    if (overlap) cuda_ok(launch_overlapped(kernel, blocks, threads, smem_bytes, stream, args), what);
+    else kernel<<<blocks, threads, smem_bytes, stream>>>(args);
+    cuda_ok(cudaGetLastError(), what);
+  };
 
   const dispatch::StagedInputs staged{
       {staged_copy(in.x, local + l.x.offset),
        p.recipe != Recipe::bf16 ? staged_copy(in.x_scales, local + l.x_scales.offset) : dispatch::StagedCopy{},
        staged_copy(in.topk_weights, local + l.topk_weights.offset)}};
-  dispatch::stage_inputs<<<grid, kDispatchThreads, 0, stream>>>(staged);
-  cuda_ok(cudaGetLastError(), "stage_inputs launch");
+  launch(dispatch::stage_inputs, grid, kDispatchThreads, 0, staged, "stage_inputs launch");
 
   dispatch::DispatchArgs args{view, l, p, in.num_tokens, in.topk_idx.as<int32_t>(),
                               recv_stats.empty() ? nullptr : recv_stats.as<int64_t>()};
   const size_t count_smem = sizeof(uint32_t) * p.num_experts;
-  dispatch::count_and_scatter<<<grid, kDispatchThreads, count_smem, stream>>>(args);
-  cuda_ok(cudaGetLastError(), "count_and_scatter launch");
-  dispatch::publish_counts<<<1, 1024, 0, stream>>>(args);
-  cuda_ok(cudaGetLastError(), "publish_counts launch");
+  launch(dispatch::count_and_scatter, grid, kDispatchThreads, count_smem, args, "count_and_scatter launch");
+  launch(dispatch::publish_counts, 1, 1024, 0, args, "publish_counts launch");
   const size_t pull_smem = sizeof(uint32_t) * (size_t{l.experts_per_rank} * p.num_ranks + 1);
-  dispatch::pull<<<grid, kPullThreads, pull_smem, stream>>>(args);
-  cuda_ok(cudaGetLastError(), "pull launch");
+  launch(dispatch::pull, grid, kPullThreads, pull_smem, args, "pull launch");
 
   // Expected rows per local expert, assuming every rank routes like this one (tile choice only).
   const uint32_t expected_rows = static_cast<uint32_t>(std::max<int64_t>(
@@ -141,7 +147,7 @@ void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w,
     const TensorView& shifts = first_linear ? (shared ? w.shared_w1_shifts : w.w1_shifts)
                                             : (shared ? w.shared_w2_shifts : w.w2_shifts);
     return expert_operands(p, l, local, view.timeout_ns, weights, scales, shifts, first_linear, shared,
-                           shared ? tokens : expected_rows);
+                           shared ? tokens : expected_rows, overlap);
   };
   // The shared experts run as a second job of the routed experts' launches, in the routed tile
   // shape, when that shape suits them too: the same shape, or at most 8 token tiles per weight tile.
@@ -179,8 +185,7 @@ void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w,
   if (in.num_tokens > 0) {
     combine::CombineArgs c{l.control_block(local), BufferLayout::at<uint16_t>(local, l.combine), in.topk_idx.as<int32_t>(),
                            y.as<uint16_t>(), in.num_tokens, p.top_k, p.num_experts, p.hidden, p.num_shared_experts > 0};
-    combine::combine_kernel<<<grid, kCombineThreads, 0, stream>>>(c);
-    cuda_ok(cudaGetLastError(), "combine launch");
+    launch(combine::combine_kernel, grid, kCombineThreads, 0, c, "combine launch");
   }
 }
 

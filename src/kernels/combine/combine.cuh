@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/comm/sync.cuh"
+#include "kernels/overlapped_launch.cuh"
 #include "megamoe/layout.h"
 #include "megamoe/problem.h"
 
@@ -37,6 +38,8 @@ __device__ __forceinline__ void add_bf16x8(float (&sum)[8], const uint4& packed)
 // One thread per 16 bytes (8 features) of a token's output, so that even a single token spreads over
 // the grid and every thread keeps several slot loads in flight.
 __global__ void combine_kernel(const CombineArgs a) {
+  wait_for_prior_kernels();
+  allow_next_kernel();
   if (device::rank_timed_out(a.control)) return;
   constexpr uint32_t kSlotsInFlight = 4;
   const uint32_t slots_per_token = static_cast<uint32_t>(a.top_k) + 1;

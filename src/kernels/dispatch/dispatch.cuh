@@ -14,6 +14,7 @@
 
 #include "kernels/comm/pull.cuh"
 #include "kernels/comm/sync.cuh"
+#include "kernels/overlapped_launch.cuh"
 #include "kernels/warp_scan.cuh"
 #include "megamoe/comm.h"
 #include "megamoe/layout.h"
@@ -57,6 +58,8 @@ struct StagedInputs {
 };
 
 __global__ void stage_inputs(const StagedInputs inputs) {
+  wait_for_prior_kernels();
+  allow_next_kernel();
   constexpr uint32_t kUnroll = 4;  // 16-byte vectors in flight per thread
   const uint64_t thread = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x;
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
@@ -82,6 +85,8 @@ __global__ void stage_inputs(const StagedInputs inputs) {
 // Dynamic shared memory: num_experts u32 counters.
 __global__ void count_and_scatter(const DispatchArgs a) {
   extern __shared__ uint32_t expert_cursor[];
+  wait_for_prior_kernels();
+  allow_next_kernel();
   if (device::rank_timed_out(a.layout.control_block(a.view.local()))) return;
   const uint32_t num_experts = static_cast<uint32_t>(a.problem.num_experts);
   const uint32_t experts_per_rank = a.layout.experts_per_rank;
@@ -131,6 +136,8 @@ __global__ void count_and_scatter(const DispatchArgs a) {
 // One block. Sends this rank's per-expert route counts to the owners, resets the send counters for
 // the next call, then waits until every rank has done the same.
 __global__ void publish_counts(const DispatchArgs a) {
+  wait_for_prior_kernels();
+  allow_next_kernel();
   if (device::rank_timed_out(a.layout.control_block(a.view.local()))) return;
   const uint32_t num_experts = static_cast<uint32_t>(a.problem.num_experts);
   const uint32_t experts_per_rank = a.layout.experts_per_rank;
@@ -214,6 +221,8 @@ inline constexpr int kPullRowUnroll = 16;
 // Dynamic shared memory: (experts_per_rank * num_ranks + 1) u32.
 __global__ void pull(const DispatchArgs a) {
   extern __shared__ uint32_t segment_begin[];
+  wait_for_prior_kernels();
+  allow_next_kernel();
   if (device::rank_timed_out(a.layout.control_block(a.view.local()))) return;
   build_segments(a, segment_begin);
   const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);

@@ -43,6 +43,8 @@ struct GemmOperands {
   ControlBlock* control = nullptr;  // where a stuck pipeline is recorded (nullable)
   uint32_t rank = 0;             // for that record
   SplitWorkspace split_workspace;  // the first job's serves the launch
+  // The first job's: launch while the stream's previous kernel runs (kernels/overlapped_launch.cuh).
+  bool overlapped_launch = false;
 };
 
 // L1 output: SiLU(gate) * up * route weight, re-quantized per 1x128 (fp8) or BF16, into `acts`

@@ -10,6 +10,7 @@
 #include "kernels/gemm/mainloop.cuh"
 #include "kernels/gemm/pipeline.cuh"
 #include "kernels/gemm/scheduler.cuh"
+#include "kernels/overlapped_launch.cuh"
 
 namespace megamoe::gemm {
 
@@ -40,23 +41,14 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
   // and every stage address, hence every wgmma descriptor, to constants plus the stage offset.
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const MainloopArgs& first = jobs.job[0].args;
-  if (first.watch.control != nullptr && device::rank_timed_out(first.watch.control)) return;
   const SharedStorage<Config> smem(smem_raw);
   const uint32_t thread = threadIdx.x;
   const uint32_t warpgroup = thread / 128;
   const uint32_t warp = (thread % 128) / 32;
   const uint32_t lane = thread % 32;
 
-  TileScheduler<Config::kBlockN> scheduler;
-  const bool two_jobs = jobs.num_jobs > 1;
-  scheduler.build(first.groups, first.m_tiles, two_jobs ? jobs.job[1].args.groups : GroupRows{nullptr, 1, 0},
-                  two_jobs ? jobs.job[1].args.m_tiles : 0, smem.scheduler(), thread, Config::kThreads);
-  if constexpr (Config::kPacked) {
-    if (thread <= kMaxE2M1Shift) {
-      const E2M1Table table = e2m1_table(thread);
-      smem.e2m1_tables()[thread] = make_uint2(table.low, table.high);
-    }
-  }
+  // The barriers and the E2M1 tables are shared memory only: set up before waiting for the previous
+  // kernels of an overlapped launch (kernels/overlapped_launch.cuh).
   if (thread == 0) {
     const uint32_t full_arrivals = Config::kFullArrivals;  // by value: the wrapper takes a reference
     for (uint32_t stage = 0; stage < Config::kStages; ++stage) {
@@ -68,6 +60,20 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
     // Make the initialized barriers visible to the async (TMA) proxy.
     cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
   }
+  if constexpr (Config::kPacked) {
+    if (thread <= kMaxE2M1Shift) {
+      const E2M1Table table = e2m1_table(thread);
+      smem.e2m1_tables()[thread] = make_uint2(table.low, table.high);
+    }
+  }
+  wait_for_prior_kernels();
+  allow_next_kernel();
+  if (first.watch.control != nullptr && device::rank_timed_out(first.watch.control)) return;
+
+  TileScheduler<Config::kBlockN> scheduler;
+  const bool two_jobs = jobs.num_jobs > 1;
+  scheduler.build(first.groups, first.m_tiles, two_jobs ? jobs.job[1].args.groups : GroupRows{nullptr, 1, 0},
+                  two_jobs ? jobs.job[1].args.m_tiles : 0, smem.scheduler(), thread, Config::kThreads);
   __syncthreads();
   // Split K (kSplitsK, split_k.cuh): the host gives the other decode configs no capacity, and
   // tokens_on_m's constant 0 keeps its prefill kernels free of the plan.

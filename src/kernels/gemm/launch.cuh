@@ -8,6 +8,7 @@
 
 #include "kernels/gemm/gemm.h"
 #include "kernels/gemm/grouped_gemm.cuh"
+#include "kernels/overlapped_launch.cuh"
 #include "megamoe/error.h"
 
 namespace megamoe::gemm {
@@ -85,7 +86,11 @@ void launch_config(std::span<const Job> jobs, int grid, cudaStream_t stream) {
     return true;
   }();
   (void)configured;
-  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(params);
+  if (jobs[0].operands.overlapped_launch)
+    check_launch(launch_overlapped(kernel, grid, Config::kThreads, Config::kSmemBytes, stream, params),
+                 "grouped GEMM launch");
+  else
+    kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(params);
   check_launch(cudaGetLastError(), "grouped GEMM launch");
 }
 
