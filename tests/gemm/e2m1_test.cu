@@ -81,8 +81,8 @@ TEST(E2M1Expansion, PackedWeightConfigsFitSharedMemory) {
   EXPECT_EQ(Prefill::kStageTxBytes, Prefill::kTokenBytes + Prefill::kScaleBytes);  // weights arrive via converters
   EXPECT_EQ(Prefill::kFullArrivals, 8u);  // the producer and seven converter warps
   EXPECT_EQ(Prefill::kThreads, 512u);
-  EXPECT_EQ(Decode::kFullArrivals, 8u);
-  EXPECT_EQ(Decode::kThreads, 512u);
+  EXPECT_EQ(Decode::kFullArrivals, 12u);  // the producer and eleven converter warps (two converter warpgroups)
+  EXPECT_EQ(Decode::kThreads, 640u);
 }
 
 }  // namespace
