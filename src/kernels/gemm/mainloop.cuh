@@ -148,28 +148,42 @@ __device__ void produce(const SharedStorage<Config>& smem, const TileScheduler<C
   if constexpr (Config::kPacked) cuda::ptx::mbarrier_arrive(smem.raw_full(ring.stage));
 }
 
-// fp8_fp4: expands group `group` (32 codes of row group / 4, in the kernels' sign-interleaved
-// packing, e2m1.cuh) of a stage's E2M1 weight tile into the E4M3 tile the wgmmas read, laid out as
-// TMA's 128-byte swizzle would have left it (16-byte chunk c of row r at c ^ r % 8): 16 packed
-// bytes in, two chunks out. Consecutive threads taking consecutive groups keep both the loads and
-// the swizzled stores free of bank conflicts.
+// fp8_fp4: expands a stage's E2M1 weight tile (groups of 32 codes in the kernels' sign-interleaved
+// packing, e2m1.cuh) into the E4M3 tile the wgmmas read, laid out as TMA's 128-byte swizzle would
+// have left it (16-byte chunk c of row r at c ^ r % 8): per group, 16 packed bytes in, two chunks
+// out. Converter thread t takes groups t, t + kThreads, ...: consecutive threads on consecutive
+// groups keep the loads and the swizzled stores free of bank conflicts, and since kThreads is a
+// multiple of 32 (8 rows of 4 groups), every group of a thread has the same place in its row and
+// the same row phase (r % 8). Its shared addresses then step by constants: the per-group address
+// arithmetic had been a quarter of the converters' instructions.
 template <class Config>
-__device__ __forceinline__ void expand_weight_group(const SharedStorage<Config>& smem, uint32_t stage,
-                                                    uint32_t group) {
+__device__ __forceinline__ void expand_weight_tile(const SharedStorage<Config>& smem, uint32_t stage, uint32_t thread) {
   constexpr uint32_t kGroupsPerRow = Config::kBlockK / 32;
-  const uint32_t row = group / kGroupsPerRow, part = group % kGroupsPerRow;
-  const uint4 codes = *reinterpret_cast<const uint4*>(smem.raw_weights(stage) + group * 16);
-  // Rows past the tensor's end have no shifts (stale bytes) but zero codes, which stay zero.
-  const uint32_t shift = min(static_cast<uint32_t>(smem.raw_shifts(stage)[group]), kMaxE2M1Shift);
-  const uint2 table = smem.e2m1_tables()[shift];
-  const E2M1Table lookup{table.x, table.y};
-  uint8_t* row_bytes = smem.weights(stage) + row * Config::kRowBytes;
-  *reinterpret_cast<uint4*>(row_bytes + 16 * ((2 * part) ^ (row % 8))) =
-      make_uint4(expand_e2m1_low(codes.x, lookup), expand_e2m1_high(codes.x, lookup),
-                 expand_e2m1_low(codes.y, lookup), expand_e2m1_high(codes.y, lookup));
-  *reinterpret_cast<uint4*>(row_bytes + 16 * ((2 * part + 1) ^ (row % 8))) =
-      make_uint4(expand_e2m1_low(codes.z, lookup), expand_e2m1_high(codes.z, lookup),
-                 expand_e2m1_low(codes.w, lookup), expand_e2m1_high(codes.w, lookup));
+  constexpr uint32_t kGroups = Config::kBlockM * kGroupsPerRow;
+  constexpr uint32_t kThreads = 32 * Config::kConverterWarps;
+  static_assert(kThreads % (8 * kGroupsPerRow) == 0, "a converter thread's groups must share their row phase");
+  const uint32_t row = thread / kGroupsPerRow, part = thread % kGroupsPerRow;
+  const uint32_t chunk0 = 16 * ((2 * part) ^ (row % 8)), chunk1 = 16 * ((2 * part + 1) ^ (row % 8));
+  const uint8_t* codes_in = smem.raw_weights(stage) + thread * 16;
+  const uint8_t* shifts_in = smem.raw_shifts(stage) + thread;
+  uint8_t* row_out = smem.weights(stage) + row * Config::kRowBytes;
+#pragma unroll 1
+  for (uint32_t group = thread; group < kGroups; group += kThreads) {
+    const uint4 codes = *reinterpret_cast<const uint4*>(codes_in);
+    // Rows past the tensor's end have no shifts (stale bytes) but zero codes, which stay zero.
+    const uint32_t shift = min(static_cast<uint32_t>(*shifts_in), kMaxE2M1Shift);
+    const uint2 table = smem.e2m1_tables()[shift];
+    const E2M1Table lookup{table.x, table.y};
+    *reinterpret_cast<uint4*>(row_out + chunk0) =
+        make_uint4(expand_e2m1_low(codes.x, lookup), expand_e2m1_high(codes.x, lookup),
+                   expand_e2m1_low(codes.y, lookup), expand_e2m1_high(codes.y, lookup));
+    *reinterpret_cast<uint4*>(row_out + chunk1) =
+        make_uint4(expand_e2m1_low(codes.z, lookup), expand_e2m1_high(codes.z, lookup),
+                   expand_e2m1_low(codes.w, lookup), expand_e2m1_high(codes.w, lookup));
+    codes_in += kThreads * 16;
+    shifts_in += kThreads;
+    row_out += kThreads / kGroupsPerRow * Config::kRowBytes;
+  }
 }
 
 // Converter warps (fp8_fp4): expand each stage's weight tile, then arrive on full[s]. The
@@ -177,8 +191,6 @@ __device__ __forceinline__ void expand_weight_group(const SharedStorage<Config>&
 template <class Config, class Epilogue>
 __device__ void convert_weights(const SharedStorage<Config>& smem, const TileScheduler<Config::kBlockN>& scheduler,
                                 const GemmJobs<Epilogue>& jobs, uint32_t thread, uint32_t lane) {
-  constexpr uint32_t kThreads = 32 * Config::kConverterWarps;
-  constexpr uint32_t kGroups = Config::kBlockM * (Config::kBlockK / 32);
   RingPosition<Config::kStages> ring;
   const PipelineWatch& watch = jobs.job[0].args.watch;
   uint32_t group_cursor = 0;
@@ -193,8 +205,7 @@ __device__ void convert_weights(const SharedStorage<Config>& smem, const TileSch
     const MainloopArgs& args = jobs.job[unit.tile.job].args;
     for (uint32_t kb = unit.k_blocks.begin; kb < unit.k_blocks.end; ++kb) {
       wait_barrier(smem.raw_full(ring.stage), ring.phase, args.watch, ring.stage);
-#pragma unroll 1
-      for (uint32_t group = thread; group < kGroups; group += kThreads) expand_weight_group(smem, ring.stage, group);
+      expand_weight_tile(smem, ring.stage, thread);
       cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
       __syncwarp();
       if (lane == 0) cuda::ptx::mbarrier_arrive(smem.full(ring.stage));
