@@ -83,7 +83,7 @@ inline constexpr uint32_t kNoUnit = ~0u;
 template <class Config>
 __device__ uint32_t next_unit(const SharedStorage<Config>& smem, const RingPosition<Config::kStages>& ring,
                               const PipelineWatch& watch) {
-  wait_barrier(smem.unit_ready(ring.stage), ring.phase, watch, ring.stage);
+  wait_barrier<Config>(smem.unit_ready(ring.stage), ring.phase, watch, ring.stage);
   return *smem.unit_slot(ring.stage);
 }
 
@@ -100,7 +100,7 @@ __device__ void produce(const SharedStorage<Config>& smem, const TileScheduler<C
     const MainloopArgs& args = job.args;
     const int32_t weight_row = static_cast<int32_t>(tile.group * args.n_out + tile.m_tile * Config::kBlockM);
     for (uint32_t kb = unit.k_blocks.begin; kb < unit.k_blocks.end; ++kb) {
-      wait_barrier(smem.empty(ring.stage), ring.phase ^ 1, args.watch, ring.stage);
+      wait_barrier<Config>(smem.empty(ring.stage), ring.phase ^ 1, args.watch, ring.stage);
       if (kb == unit.k_blocks.begin) *smem.unit_slot(ring.stage) = index;
       cuda::ptx::mbarrier_arrive(smem.unit_ready(ring.stage));
       uint64_t* full = smem.full(ring.stage);
@@ -141,7 +141,7 @@ __device__ void produce(const SharedStorage<Config>& smem, const TileScheduler<C
   }
   // The end: a stage with no bytes whose slot says so (the arrivals count as the producer's).
   const PipelineWatch& watch = jobs.job[0].args.watch;
-  wait_barrier(smem.empty(ring.stage), ring.phase ^ 1, watch, ring.stage);
+  wait_barrier<Config>(smem.empty(ring.stage), ring.phase ^ 1, watch, ring.stage);
   *smem.unit_slot(ring.stage) = kNoUnit;
   cuda::ptx::mbarrier_arrive(smem.unit_ready(ring.stage));
   cuda::ptx::mbarrier_arrive(smem.full(ring.stage));
@@ -204,7 +204,7 @@ __device__ void convert_weights(const SharedStorage<Config>& smem, const TileSch
     const WorkUnit unit = scheduler.unit(index, group_cursor);
     const MainloopArgs& args = jobs.job[unit.tile.job].args;
     for (uint32_t kb = unit.k_blocks.begin; kb < unit.k_blocks.end; ++kb) {
-      wait_barrier(smem.raw_full(ring.stage), ring.phase, args.watch, ring.stage);
+      wait_barrier<Config>(smem.raw_full(ring.stage), ring.phase, args.watch, ring.stage);
       expand_weight_tile(smem, ring.stage, thread);
       cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
       __syncwarp();
@@ -305,7 +305,7 @@ __device__ void consume_weights_on_m_width(const SharedStorage<Config>& smem, Ri
     if constexpr (Policy::kScaled) {
       if (kb + 1 < k_blocks.end) load_scales(kb + 1);
     }
-    wait_barrier(smem.full(stage), phase, watch, stage);
+    wait_barrier<Config>(smem.full(stage), phase, watch, stage);
     const ptx::SmemDescSw128 desc_tokens = smem.tokens_desc(stage);
     if constexpr (Policy::kScaled) {
       const float* act_scales = smem.act_scales(stage) + (tile.row_begin & (Config::kScaleAlignRows - 1));
@@ -398,7 +398,7 @@ __device__ void consume_tokens_on_m_scaled(const SharedStorage<Config>& smem, Ri
     float row_scales[4];  // loaded before the wait
 #pragma unroll
     for (uint32_t b = 0; b < 4; ++b) row_scales[b] = b < valid_blocks ? __ldg(block_scales + b * scale_stride + kb) : 0.0f;
-    wait_barrier(smem.full(stage), phase, watch, stage);
+    wait_barrier<Config>(smem.full(stage), phase, watch, stage);
     const ptx::SmemDescSw128 desc_tokens = smem.tokens_desc(stage, 64 * warpgroup);
     const float* act_scales = smem.act_scales(stage) + scale_row;
     const float act_scale[2] = {act_scales[0], act_scales[8]};
@@ -433,7 +433,7 @@ __device__ void consume_tokens_on_m_unscaled(const SharedStorage<Config>& smem, 
   uint32_t held_stage = 0;
   for_each_k_block<true>(ring, k_blocks, [&](uint32_t stage, uint32_t phase, uint32_t kb) {
     if (kb == stagger_kb) stagger_arrive();
-    wait_barrier(smem.full(stage), phase, watch, stage);
+    wait_barrier<Config>(smem.full(stage), phase, watch, stage);
     const bool accumulate = kb > k_blocks.begin;
     issue_k_block<Config, Mma>(smem.tokens_desc(stage, 64 * warpgroup), smem.weights_desc(stage), tile_acc, accumulate);
     if (accumulate) {
@@ -458,7 +458,7 @@ __device__ void consume_tokens_on_m(const SharedStorage<Config>& smem, RingPosit
   // costs the other warpgroup's half of the tensor-core time.
   if (64 * warpgroup >= tile.rows) {
     for (uint32_t kb = k_blocks.begin; kb < k_blocks.end; ++kb) {
-      wait_barrier(smem.full(ring.stage), ring.phase, args.watch, ring.stage);
+      wait_barrier<Config>(smem.full(ring.stage), ring.phase, args.watch, ring.stage);
       release_stage(smem, ring, lane);
     }
     return;

@@ -73,6 +73,11 @@ struct GemmConfig {
   // full[s] completes on TMA's bytes and the producer's arrival, plus each converter warp's.
   static constexpr uint32_t kStageTxBytes = (kPacked ? 0 : kWeightBytes) + kTokenBytes + kScaleBytes;
   static constexpr uint32_t kFullArrivals = 1 + kConverterWarps;
+  // A pipeline wait's poll may suspend the warp this long (it resumes once the phase completes).
+  // fp8_fp4's converter warps compete for issue slots, and with the hardware's default limit the
+  // waiting warps' polls were 17% of the instructions its decode launches issued (ncu); the other
+  // configs keep the default (with the hint their prefill rows measured 0-3% slower, near the noise).
+  static constexpr uint32_t kWaitSuspendNs = kPacked ? 20000 : 0;
 
   // Epilogue staging: one row per token, padded by 16 bytes so the transposing stores spread over banks.
   // weights_on_m stages whole rows (128 output channels of L1, 256 features of L2). tokens_on_m
@@ -218,16 +223,22 @@ struct PipelineWatch {
 // The checks are rare (every kPollsPerCheck polls): a system-scope load of the error record takes
 // about a microsecond, and a barrier that completes meanwhile would be noticed that much later,
 // which at every stage would stall the pipeline.
+template <class Config>
 __device__ __forceinline__ void wait_barrier(uint64_t* barrier, uint32_t parity, const PipelineWatch& watch,
                                              uint32_t stage) {
   constexpr uint32_t kPollsPerCheck = 1024;
-  // Each poll may suspend the warp this long (it resumes once the phase completes): with the default
-  // limit, the waiting warps' polling was 17% of the instructions an fp8_fp4 decode launch issued.
-  constexpr uint32_t kSuspendTimeHintNs = 20000;
+  const auto poll = [&] {
+    if constexpr (Config::kWaitSuspendNs > 0) {
+      const uint32_t suspend_ns = Config::kWaitSuspendNs;  // by value: the wrapper takes a reference
+      return cuda::ptx::mbarrier_try_wait_parity(barrier, parity, suspend_ns);
+    }
+    else
+      return cuda::ptx::mbarrier_try_wait_parity(barrier, parity);
+  };
   if (cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) return;
   const uint64_t start = global_timer_ns();
   uint32_t polls = 0;
-  while (!cuda::ptx::mbarrier_try_wait_parity(barrier, parity, kSuspendTimeHintNs)) {
+  while (!poll()) {
     if (watch.control == nullptr || ++polls % kPollsPerCheck != 0) continue;
     if (*static_cast<volatile uint32_t*>(&watch.control->error.code) != kDeviceOk) return;
     if (global_timer_ns() - start > watch.timeout_ns) {
