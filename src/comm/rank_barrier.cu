@@ -17,11 +17,8 @@ __global__ void __launch_bounds__(32) rank_barrier_kernel(SymmView view, BufferL
 }  // namespace
 
 void launch_rank_barrier(const SymmBuffer& buffer, cudaStream_t stream) {
-  if (overlap_launches(buffer.comm()))
-    MEGAMOE_CHECK_CUDA(launch_overlapped(rank_barrier_kernel, 1, 32, 0, stream, buffer.view(), buffer.layout()));
-  else
-    rank_barrier_kernel<<<1, 32, 0, stream>>>(buffer.view(), buffer.layout());
-  MEGAMOE_CHECK_CUDA(cudaGetLastError());
+  MEGAMOE_CHECK_CUDA(launch_kernel(rank_barrier_kernel, 1, 32, 0, stream, overlap_launches(buffer.comm()),
+                                   buffer.view(), buffer.layout()));
 }
 
 }  // namespace megamoe

@@ -2,11 +2,11 @@
 // the stream still runs, so that its launch, and whatever of its prologue reads nothing that earlier
 // kernels write, overlap the earlier kernel's tail instead of following it.
 //
-// A kernel launched with launch_overlapped calls wait_for_prior_kernels() before it touches global
+// A kernel launched with launch_kernel(..., overlapped = true, ...) calls wait_for_prior_kernels() before it touches global
 // memory that an earlier kernel writes or reads: that returns once every earlier kernel of the
 // stream has completed and its writes are visible, as a plain launch would have waited. It then
 // calls allow_next_kernel(), after which the next kernel may be launched (its blocks take SMs as
-// this kernel's blocks leave them). Launched the plain way, both calls do nothing.
+// this kernel's blocks leave them). Launched the plain way (overlapped = false), both calls do nothing.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,9 +18,11 @@ namespace megamoe {
 __device__ __forceinline__ void wait_for_prior_kernels() { cudaGridDependencySynchronize(); }
 __device__ __forceinline__ void allow_next_kernel() { cudaTriggerProgrammaticLaunchCompletion(); }
 
+// Launches `kernel`, overlapped with the stream's previous kernel or the plain way; returns the
+// launch's status.
 template <class... Params, class... Args>
-cudaError_t launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
-                              cudaStream_t stream, Args&&... args) {
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
+                          bool overlapped, Args&&... args) {
   cudaLaunchAttribute overlap{};
   overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   overlap.val.programmaticStreamSerializationAllowed = 1;
@@ -30,7 +32,7 @@ cudaError_t launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, 
   config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
   config.attrs = &overlap;
-  config.numAttrs = 1;
+  config.numAttrs = overlapped ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 

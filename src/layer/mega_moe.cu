@@ -117,9 +117,7 @@ void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w,
   // Each kernel is launched while the one before it runs (kernels/overlapped_launch.cuh).
   const bool overlap = overlap_launches(buffer.comm());
   const auto launch = [&](auto kernel, int blocks, int threads, size_t smem_bytes, const auto& args, const char* what) {
-    if (overlap) cuda_ok(launch_overlapped(kernel, blocks, threads, smem_bytes, stream, args), what);
-    else kernel<<<blocks, threads, smem_bytes, stream>>>(args);
-    cuda_ok(cudaGetLastError(), what);
+    cuda_ok(launch_kernel(kernel, blocks, threads, smem_bytes, stream, overlap, args), what);
   };
 
   const dispatch::StagedInputs staged{

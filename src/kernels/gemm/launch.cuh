@@ -86,12 +86,9 @@ void launch_config(std::span<const Job> jobs, int grid, cudaStream_t stream) {
     return true;
   }();
   (void)configured;
-  if (jobs[0].operands.overlapped_launch)
-    check_launch(launch_overlapped(kernel, grid, Config::kThreads, Config::kSmemBytes, stream, params),
-                 "grouped GEMM launch");
-  else
-    kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(params);
-  check_launch(cudaGetLastError(), "grouped GEMM launch");
+  check_launch(launch_kernel(kernel, grid, Config::kThreads, Config::kSmemBytes, stream,
+                             jobs[0].operands.overlapped_launch, params),
+               "grouped GEMM launch");
 }
 
 void validate_jobs(std::span<const GemmOperands* const> operands, uint32_t element_bytes, bool scaled);
