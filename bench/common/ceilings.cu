@@ -51,6 +51,27 @@ __global__ void l2_flush_kernel(const uint4* buffer, uint64_t vectors, uint32_t*
   if (sum == 0x9E3779B9u) *sink = sum;
 }
 
+// Reads `vectors` 16-byte vectors as fast as one launch can: every SM full of threads, each with
+// four independent loads in flight. Stores only as l2_flush_kernel does.
+constexpr uint32_t kReadThreads = 512;
+__global__ void __launch_bounds__(kReadThreads) hbm_read_kernel(const uint4* data, uint64_t vectors, uint32_t* sink) {
+  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
+  uint32_t sum = 0;
+  uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x;
+  for (; i + 3 * stride < vectors; i += 4 * stride) {
+    uint4 v[4];
+#pragma unroll
+    for (uint32_t j = 0; j < 4; ++j) v[j] = data[i + j * stride];
+#pragma unroll
+    for (uint32_t j = 0; j < 4; ++j) sum += v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+  }
+  for (; i < vectors; i += stride) {
+    const uint4 v = data[i];
+    sum += v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (sum == 0x9E3779B9u) *sink = sum;
+}
+
 }  // namespace
 
 struct DenseGemm::State {
@@ -226,6 +247,25 @@ void L2Flush::run(cudaStream_t stream) const {
 double time_cold_us(const std::function<void()>& work, cudaStream_t stream, const L2Flush& flush, int repeats,
                     int warmups) {
   return median_us(work, [&] { flush.run(stream); }, stream, repeats, warmups);
+}
+
+double hbm_read_us(const void* data, uint64_t bytes, cudaStream_t stream, const L2Flush& flush, int repeats,
+                   int warmups) {
+  require(reinterpret_cast<uintptr_t>(data) % 16 == 0, "hbm_read_us", "data must be 16-byte aligned");
+  int device = 0, sms = 0;
+  cuda_ok(cudaGetDevice(&device), "cudaGetDevice");
+  cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "multiprocessor count");
+  const int grid = sms * (2048 / static_cast<int>(kReadThreads));
+  uint32_t* sink = nullptr;
+  cuda_ok(cudaMalloc(&sink, sizeof(uint32_t)), "cudaMalloc(read sink)");
+  const double us = time_cold_us(
+      [&] {
+        hbm_read_kernel<<<grid, kReadThreads, 0, stream>>>(static_cast<const uint4*>(data), bytes / sizeof(uint4), sink);
+        cuda_ok(cudaGetLastError(), "HBM read launch");
+      },
+      stream, flush, repeats, warmups);
+  cudaFree(sink);
+  return us;
 }
 
 double hbm_copy_gbps() {

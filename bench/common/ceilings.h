@@ -40,6 +40,12 @@ class L2Flush {
 double time_cold_us(const std::function<void()>& work, cudaStream_t stream, const L2Flush& flush, int repeats = 10,
                     int warmups = 2);
 
+// Time in microseconds of one launch that reads `bytes` (a multiple of 16) from `data` with nothing
+// else to do, timed as time_cold_us: the floor of any single launch that streams those bytes from
+// HBM, its fixed costs (launch, ramp-up, the last wave) included.
+double hbm_read_us(const void* data, uint64_t bytes, cudaStream_t stream, const L2Flush& flush, int repeats = 10,
+                   int warmups = 2);
+
 // Device-to-device copy of 1 GiB, counting bytes read plus written.
 double hbm_copy_gbps();
 // Dense 8192^3 matrix products through cuBLASLt: FP8 E4M3 (per-tensor scales, FP32 accumulation,
