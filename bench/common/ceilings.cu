@@ -40,21 +40,14 @@ __global__ void fill_value_kernel(float* data, uint64_t count, float value) {
     data[i] = value;
 }
 
-// Sums the buffer; the sum is stored only if it hits a value random data never gives, so the loads
-// cannot be dropped and nothing is written back.
-__global__ void l2_flush_kernel(const uint4* buffer, uint64_t vectors, uint32_t* sink) {
-  uint32_t sum = 0;
-  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < vectors; i += uint64_t{gridDim.x} * blockDim.x) {
-    const uint4 v = buffer[i];
-    sum += v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (sum == 0x9E3779B9u) *sink = sum;
-}
+// Where read_kernel's sum goes if it hits a value random data never gives: never in practice, but
+// the loads cannot be dropped, and nothing is written back.
+__device__ uint32_t read_sink;
 
-// Reads `vectors` 16-byte vectors as fast as one launch can: every SM full of threads, each with
-// four independent loads in flight. Stores only as l2_flush_kernel does.
+// Reads `vectors` 16-byte vectors as fast as one launch can (read_grid: every SM full of threads),
+// each thread with four independent loads in flight: the L2 flush, and the same-bytes read.
 constexpr uint32_t kReadThreads = 512;
-__global__ void __launch_bounds__(kReadThreads) hbm_read_kernel(const uint4* data, uint64_t vectors, uint32_t* sink) {
+__global__ void __launch_bounds__(kReadThreads) read_kernel(const uint4* data, uint64_t vectors) {
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
   uint32_t sum = 0;
   uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x;
@@ -69,7 +62,14 @@ __global__ void __launch_bounds__(kReadThreads) hbm_read_kernel(const uint4* dat
     const uint4 v = data[i];
     sum += v.x ^ v.y ^ v.z ^ v.w;
   }
-  if (sum == 0x9E3779B9u) *sink = sum;
+  if (sum == 0x9E3779B9u) read_sink = sum;
+}
+
+int read_grid() {
+  int device = 0, sms = 0;
+  cuda_ok(cudaGetDevice(&device), "cudaGetDevice");
+  cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "multiprocessor count");
+  return sms * (2048 / static_cast<int>(kReadThreads));
 }
 
 }  // namespace
@@ -230,17 +230,14 @@ L2Flush::L2Flush() {
   cuda_ok(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device), "L2 cache size");
   vectors_ = 4ull * static_cast<uint64_t>(l2_bytes) / sizeof(uint4);
   cuda_ok(cudaMalloc(&buffer_, vectors_ * sizeof(uint4)), "cudaMalloc(L2 flush)");
-  cuda_ok(cudaMalloc(&sink_, sizeof(uint32_t)), "cudaMalloc(L2 flush sink)");
+  grid_ = read_grid();
   fill_random(buffer_, vectors_ * sizeof(uint4), false, 0.0f, 5, nullptr);
 }
 
-L2Flush::~L2Flush() {
-  cudaFree(buffer_);
-  cudaFree(sink_);
-}
+L2Flush::~L2Flush() { cudaFree(buffer_); }
 
 void L2Flush::run(cudaStream_t stream) const {
-  l2_flush_kernel<<<1024, 512, 0, stream>>>(buffer_, vectors_, sink_);
+  read_kernel<<<grid_, kReadThreads, 0, stream>>>(buffer_, vectors_);
   cuda_ok(cudaGetLastError(), "L2 flush launch");
 }
 
@@ -252,20 +249,13 @@ double time_cold_us(const std::function<void()>& work, cudaStream_t stream, cons
 double hbm_read_us(const void* data, uint64_t bytes, cudaStream_t stream, const L2Flush& flush, int repeats,
                    int warmups) {
   require(reinterpret_cast<uintptr_t>(data) % 16 == 0, "hbm_read_us", "data must be 16-byte aligned");
-  int device = 0, sms = 0;
-  cuda_ok(cudaGetDevice(&device), "cudaGetDevice");
-  cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "multiprocessor count");
-  const int grid = sms * (2048 / static_cast<int>(kReadThreads));
-  uint32_t* sink = nullptr;
-  cuda_ok(cudaMalloc(&sink, sizeof(uint32_t)), "cudaMalloc(read sink)");
-  const double us = time_cold_us(
+  const int grid = read_grid();
+  return time_cold_us(
       [&] {
-        hbm_read_kernel<<<grid, kReadThreads, 0, stream>>>(static_cast<const uint4*>(data), bytes / sizeof(uint4), sink);
+        read_kernel<<<grid, kReadThreads, 0, stream>>>(static_cast<const uint4*>(data), bytes / sizeof(uint4));
         cuda_ok(cudaGetLastError(), "HBM read launch");
       },
       stream, flush, repeats, warmups);
-  cudaFree(sink);
-  return us;
 }
 
 double hbm_copy_gbps() {

@@ -32,7 +32,7 @@ class L2Flush {
  private:
   uint4* buffer_ = nullptr;
   uint64_t vectors_ = 0;
-  uint32_t* sink_ = nullptr;
+  int grid_ = 0;
 };
 
 // As time_us, with L2 flushed before each run (weights come from HBM, as they do in a layer). The

@@ -2,11 +2,12 @@
 // the stream still runs, so that its launch, and whatever of its prologue reads nothing that earlier
 // kernels write, overlap the earlier kernel's tail instead of following it.
 //
-// A kernel launched with launch_kernel(..., overlapped = true, ...) calls wait_for_prior_kernels() before it touches global
-// memory that an earlier kernel writes or reads: that returns once every earlier kernel of the
-// stream has completed and its writes are visible, as a plain launch would have waited. It then
-// calls allow_next_kernel(), after which the next kernel may be launched (its blocks take SMs as
-// this kernel's blocks leave them). Launched the plain way (overlapped = false), both calls do nothing.
+// A kernel launched with launch_kernel(..., overlapped = true, ...) calls wait_for_prior_kernels()
+// before it touches global memory that an earlier kernel writes or reads: that returns once every
+// earlier kernel of the stream has completed and its writes are visible, as a plain launch would
+// have waited. It then calls allow_next_kernel(), after which the next kernel may be launched (its
+// blocks take SMs as this kernel's blocks leave them). Launched the plain way (overlapped = false),
+// both calls do nothing.
 #pragma once
 
 #include <cuda_runtime.h>

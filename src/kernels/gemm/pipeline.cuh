@@ -231,9 +231,9 @@ __device__ __forceinline__ void wait_barrier(uint64_t* barrier, uint32_t parity,
     if constexpr (Config::kWaitSuspendNs > 0) {
       const uint32_t suspend_ns = Config::kWaitSuspendNs;  // by value: the wrapper takes a reference
       return cuda::ptx::mbarrier_try_wait_parity(barrier, parity, suspend_ns);
-    }
-    else
+    } else {
       return cuda::ptx::mbarrier_try_wait_parity(barrier, parity);
+    }
   };
   if (cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) return;
   const uint64_t start = global_timer_ns();
