@@ -100,6 +100,7 @@ struct ControlBlock {
   uint64_t barrier_arrivals[kMaxRanks];     // written by peers: the epoch each peer has reached
   uint32_t grid_barrier_count;              // arrivals of this rank's blocks (grid barrier)
   uint32_t grid_barrier_generation;
+  uint32_t finished_blocks;                 // blocks of the running send_routes grid that have finished
 };
 
 struct Region {
@@ -181,8 +182,8 @@ struct BufferLayout {
     return reinterpret_cast<T*>(static_cast<char*>(base) + region.offset);
   }
   MEGAMOE_HD ControlBlock* control_block(void* base) const { return at<ControlBlock>(base, control); }
-  // Per global expert: high 32 bits count this rank's dispatch blocks that arrived, low 32 bits
-  // the routes they counted; the value an arriving block reads back is its scatter offset.
+  // Per global expert: the routes this rank's dispatch blocks have counted so far; the value an
+  // arriving block reads back is its scatter offset.
   MEGAMOE_HD uint64_t* send_count(void* base) const {
     return reinterpret_cast<uint64_t*>(static_cast<char*>(base) + control.offset + sizeof(ControlBlock));
   }

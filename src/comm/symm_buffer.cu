@@ -206,10 +206,13 @@ void SymmBuffer::check_device_error(cudaStream_t stream) {
   MEGAMOE_CHECK_CUDA(cudaStreamSynchronize(stream));
   if (error.code == kDeviceOk) return;
   // Clear the record, and the counts that blocks which gave up may have left: the grid barrier's
-  // arrivals and the GEMM's split-K arrivals (the whole split workspace, which holds nothing else
-  // worth keeping).
+  // arrivals, finished blocks, the dispatch's per-expert send counts (after ControlBlock), and the
+  // GEMM's split-K arrivals (the whole split workspace, which holds nothing else worth keeping).
   MEGAMOE_CHECK_CUDA(cudaMemsetAsync(&control->error, 0, sizeof(DeviceError), stream));
   MEGAMOE_CHECK_CUDA(cudaMemsetAsync(&control->grid_barrier_count, 0, sizeof(control->grid_barrier_count), stream));
+  MEGAMOE_CHECK_CUDA(cudaMemsetAsync(&control->finished_blocks, 0, sizeof(control->finished_blocks), stream));
+  MEGAMOE_CHECK_CUDA(cudaMemsetAsync(layout_.send_count(view_.local()), 0,
+                                     layout_.control.bytes - sizeof(ControlBlock), stream));
   MEGAMOE_CHECK_CUDA(cudaMemsetAsync(view_.local() + layout_.gemm_split.offset, 0, layout_.gemm_split.bytes, stream));
   MEGAMOE_CHECK_CUDA(cudaStreamSynchronize(stream));
   throw Error(describe(error));

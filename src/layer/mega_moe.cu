@@ -1,5 +1,5 @@
 // The staged MoE layer: the dispatch, GEMM and combine building blocks issued on one stream.
-//   copy inputs into the buffer -> count_and_scatter -> publish_counts (rank barrier) -> pull
+//   send_routes (copy inputs into the buffer, count, scatter, publish the counts, rank barrier) -> pull
 //   -> L1 (routed, shared) -> L2 (routed to the source ranks' slots, shared to our own)
 //   -> rank barrier -> combine
 #include <cuda_runtime_api.h>
@@ -20,7 +20,7 @@ namespace {
 
 constexpr int kDispatchThreads = 512;
 constexpr int kPullThreads = 512;
-constexpr int kCombineThreads = 1024;
+constexpr int kCombineThreads = 512;  // 128 registers: a round of nine slots in flight
 
 void cuda_ok(cudaError_t status, const char* what) {
   require(status == cudaSuccess, what, "failed: ", cudaGetErrorString(status));
@@ -116,23 +116,21 @@ void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w,
   const int grid = std::max(1, buffer.comm().sm_budget());
   // Each kernel is launched while the one before it runs (kernels/overlapped_launch.cuh).
   const bool overlap = overlap_launches(buffer.comm());
-  const auto launch = [&](auto kernel, int blocks, int threads, size_t smem_bytes, const auto& args, const char* what) {
-    cuda_ok(launch_kernel(kernel, blocks, threads, smem_bytes, stream, overlap, args), what);
+  const auto launch = [&](const char* what, auto kernel, int blocks, int threads, size_t smem_bytes,
+                          const auto&... args) {
+    cuda_ok(launch_kernel(kernel, blocks, threads, smem_bytes, stream, overlap, args...), what);
   };
 
   const dispatch::StagedInputs staged{
       {staged_copy(in.x, local + l.x.offset),
        p.recipe != Recipe::bf16 ? staged_copy(in.x_scales, local + l.x_scales.offset) : dispatch::StagedCopy{},
        staged_copy(in.topk_weights, local + l.topk_weights.offset)}};
-  launch(dispatch::stage_inputs, grid, kDispatchThreads, 0, staged, "stage_inputs launch");
-
   dispatch::DispatchArgs args{view, l, p, in.num_tokens, in.topk_idx.as<int32_t>(),
                               recv_stats.empty() ? nullptr : recv_stats.as<int64_t>()};
   const size_t count_smem = sizeof(uint32_t) * p.num_experts;
-  launch(dispatch::count_and_scatter, grid, kDispatchThreads, count_smem, args, "count_and_scatter launch");
-  launch(dispatch::publish_counts, 1, 1024, 0, args, "publish_counts launch");
+  launch("send_routes launch", dispatch::send_routes, grid, kDispatchThreads, count_smem, args, staged);
   const size_t pull_smem = sizeof(uint32_t) * (size_t{l.experts_per_rank} * p.num_ranks + 1);
-  launch(dispatch::pull, grid, kPullThreads, pull_smem, args, "pull launch");
+  launch("pull launch", dispatch::pull, grid, kPullThreads, pull_smem, args);
 
   // Expected rows per local expert, assuming every rank routes like this one (tile choice only).
   const uint32_t expected_rows = static_cast<uint32_t>(std::max<int64_t>(
@@ -183,7 +181,7 @@ void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w,
   if (in.num_tokens > 0) {
     combine::CombineArgs c{l.control_block(local), BufferLayout::at<uint16_t>(local, l.combine), in.topk_idx.as<int32_t>(),
                            y.as<uint16_t>(), in.num_tokens, p.top_k, p.num_experts, p.hidden, p.num_shared_experts > 0};
-    launch(combine::combine_kernel, grid, kCombineThreads, 0, c, "combine launch");
+    launch("combine launch", combine::combine_kernel, grid, kCombineThreads, 0, c);
   }
 }
 

@@ -36,13 +36,17 @@ __device__ __forceinline__ void add_bf16x8(float (&sum)[8], const uint4& packed)
 }
 
 // One thread per 16 bytes (8 features) of a token's output, so that even a single token spreads over
-// the grid and every thread keeps several slot loads in flight.
+// the grid. A thread loads a round of slots together with the route ids that say which of them were
+// written (a round holds DeepSeek-V3's eight routed slots and its shared one), so that a token waits
+// for one round trip to memory, where loading the ids first and then the slots four at a time took
+// four.
 __global__ void combine_kernel(const CombineArgs a) {
   wait_for_prior_kernels();
   allow_next_kernel();
   if (device::rank_timed_out(a.control)) return;
-  constexpr uint32_t kSlotsInFlight = 4;
-  const uint32_t slots_per_token = static_cast<uint32_t>(a.top_k) + 1;
+  constexpr uint32_t kSlotsInFlight = 9;
+  const uint32_t top_k = static_cast<uint32_t>(a.top_k);
+  const uint32_t slots_per_token = top_k + 1;
   const uint32_t vectors = static_cast<uint32_t>(a.hidden) / 8;
   const uint64_t items = uint64_t{static_cast<uint32_t>(a.num_tokens)} * vectors;
   const uint4* slots = reinterpret_cast<const uint4*>(a.slots);
@@ -51,22 +55,25 @@ __global__ void combine_kernel(const CombineArgs a) {
        item += uint64_t{gridDim.x} * blockDim.x) {
     const uint32_t token = static_cast<uint32_t>(item / vectors);
     const uint32_t vector = static_cast<uint32_t>(item % vectors);
-    uint32_t written = a.shared ? 1u << a.top_k : 0u;  // bit s: slot s holds a result
-    for (int32_t k = 0; k < a.top_k; ++k) {
-      const int32_t expert = __ldg(a.topk_idx + token * a.top_k + k);
-      if (expert >= 0 && expert < a.num_experts) written |= 1u << k;
-    }
     const uint4* token_slots = slots + uint64_t{token} * slots_per_token * vectors + vector;
+    const int32_t* token_experts = a.topk_idx + uint64_t{token} * top_k;
     float sum[8] = {};
     for (uint32_t first = 0; first < slots_per_token; first += kSlotsInFlight) {
       uint4 parts[kSlotsInFlight];
+      int32_t experts[kSlotsInFlight];
 #pragma unroll
       for (uint32_t j = 0; j < kSlotsInFlight; ++j) {
         const uint32_t s = first + j;
-        parts[j] = s < slots_per_token && (written >> s & 1u) ? token_slots[uint64_t{s} * vectors] : make_uint4(0, 0, 0, 0);
+        parts[j] = s < slots_per_token ? token_slots[uint64_t{s} * vectors] : make_uint4(0, 0, 0, 0);
+        experts[j] = s < top_k ? __ldg(token_experts + s) : -1;
       }
 #pragma unroll
-      for (uint32_t j = 0; j < kSlotsInFlight; ++j) add_bf16x8(sum, parts[j]);
+      for (uint32_t j = 0; j < kSlotsInFlight; ++j) {
+        // Slot s holds a result if its route was not masked (-1), or if it is the shared slot.
+        const uint32_t s = first + j;
+        const bool written = s < top_k ? experts[j] >= 0 && experts[j] < a.num_experts : s == top_k && a.shared;
+        add_bf16x8(sum, written ? parts[j] : make_uint4(0, 0, 0, 0));
+      }
     }
     uint32_t words[4];
 #pragma unroll

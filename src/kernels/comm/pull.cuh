@@ -32,29 +32,35 @@ struct ContiguousRows {
   }
 };
 
-// One warp copies rows first, first + stride, ... below `count`, each lane moving 16 bytes at a time,
-// kUnroll loads in flight before their stores.
+// One warp copies one row, each lane moving 16 bytes at a time, kUnroll loads in flight before their
+// stores.
+template <int kUnroll>
+MEGAMOE_DEVICE void copy_row_vector(const char* src_row, char* dst_row, uint32_t row_bytes, uint32_t lane) {
+  const uint32_t vectors = row_bytes / 16;
+  const auto* src = reinterpret_cast<const int4*>(src_row);
+  auto* dst = reinterpret_cast<int4*>(dst_row);
+  for (uint32_t base = lane; base < vectors; base += 32 * kUnroll) {
+    int4 values[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const uint32_t index = base + 32 * u;
+      if (index < vectors) values[u] = cuda::ptx::ld_L1_no_allocate_L2_256B(cuda::ptx::space_global, src + index);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const uint32_t index = base + 32 * u;
+      if (index < vectors) dst[index] = values[u];
+    }
+  }
+}
+
+// One warp copies rows first, first + stride, ... below `count`.
 template <int kUnroll, typename RowMap>
 MEGAMOE_DEVICE void pull_rows_vector(const RowMap& rows, uint32_t first, uint32_t count, uint32_t stride,
                                      uint32_t row_bytes, uint32_t lane) {
-  const uint32_t vectors = row_bytes / 16;
   for (uint32_t row = first; row < count; row += stride) {
     const RowPair pair = rows(row);
-    const auto* src = reinterpret_cast<const int4*>(pair.src);
-    auto* dst = reinterpret_cast<int4*>(pair.dst);
-    for (uint32_t base = lane; base < vectors; base += 32 * kUnroll) {
-      int4 values[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const uint32_t index = base + 32 * u;
-        if (index < vectors) values[u] = cuda::ptx::ld_L1_no_allocate_L2_256B(cuda::ptx::space_global, src + index);
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const uint32_t index = base + 32 * u;
-        if (index < vectors) dst[index] = values[u];
-      }
-    }
+    copy_row_vector<kUnroll>(pair.src, pair.dst, row_bytes, lane);
   }
 }
 

@@ -168,6 +168,22 @@ MEGAMOE_DEVICE bool rank_barrier(const SymmView& view, const BufferLayout& layou
   return __syncthreads_and(arrived) != 0;
 }
 
+// Every thread of every block of a grid calls it once, at the block's end: true in the block that
+// finishes last, whose later reads then see every other block's earlier writes (device scope; a
+// caller whose writes go further fences them first). The count returns to zero for the next grid.
+MEGAMOE_DEVICE bool last_block_to_finish(ControlBlock* control) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (linear_thread() == 0) {
+    GpuRef<uint32_t> finished(control->finished_blocks);
+    last = finished.fetch_add(1, cuda::memory_order_acq_rel) == gridDim.x * gridDim.y * gridDim.z - 1;
+    if (last) finished.store(0, cuda::memory_order_relaxed);
+  }
+  __syncthreads();
+  return last;
+}
+
 // Barrier across all blocks of this rank's grid, which must all be resident at once (launch at most
 // one block per multiprocessor of the rank's sm_budget, or fewer). Every thread of every block calls
 // it. Writes made before it by any block are visible to every block after it. Returns false, with a

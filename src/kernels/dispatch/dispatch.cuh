@@ -1,14 +1,17 @@
-// Inline dispatch as a counting sort on the GPU (seed 001), in three kernels:
-//   count_and_scatter  each block counts its routes per global expert in shared memory, takes its
-//                      offsets from per-expert atomics, then scatters `token * top_k + k` into the
-//                      owner rank's src_index table [local expert][source rank][slot] over NVLink;
-//   publish_counts     one block sends each owner the number of routes this rank sent to each of
-//                      its experts, then crosses the rank barrier;
-//   pull               each owner turns the received counts into expert row offsets (prefix sums)
-//                      and pulls every routed token row, its scales and route weight from its source
-//                      rank into the expert-major pool, recording where it came from.
+// Inline dispatch as a counting sort on the GPU (seed 001), in two kernels:
+//   send_routes  every block copies its share of the caller's inputs into this rank's buffer (peers
+//                pull from there), counts its routes per global expert in shared memory, takes its
+//                offsets from per-expert atomics, then scatters `token * top_k + k` into the owner
+//                rank's src_index table [local expert][source rank][slot] over NVLink; the last
+//                block to finish sends each owner the number of routes this rank sent to each of
+//                its experts, then crosses the rank barrier;
+//   pull         each owner turns the received counts into expert row offsets (prefix sums) and
+//                pulls every routed token row, its scales and route weight from its source rank
+//                into the expert-major pool, recording where it came from.
 // The host never reads a count.
 #pragma once
+
+#include <cuda/atomic>
 
 #include <cstdint>
 
@@ -57,9 +60,7 @@ struct StagedInputs {
   StagedCopy copies[3];
 };
 
-__global__ void stage_inputs(const StagedInputs inputs) {
-  wait_for_prior_kernels();
-  allow_next_kernel();
+__device__ void stage_inputs(const StagedInputs& inputs) {
   constexpr uint32_t kUnroll = 4;  // 16-byte vectors in flight per thread
   const uint64_t thread = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x;
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
@@ -82,12 +83,8 @@ __global__ void stage_inputs(const StagedInputs inputs) {
   }
 }
 
-// Dynamic shared memory: num_experts u32 counters.
-__global__ void count_and_scatter(const DispatchArgs a) {
-  extern __shared__ uint32_t expert_cursor[];
-  wait_for_prior_kernels();
-  allow_next_kernel();
-  if (device::rank_timed_out(a.layout.control_block(a.view.local()))) return;
+// expert_cursor: num_experts u32 in shared memory.
+__device__ void count_and_scatter(const DispatchArgs& a, uint32_t* expert_cursor) {
   const uint32_t num_experts = static_cast<uint32_t>(a.problem.num_experts);
   const uint32_t experts_per_rank = a.layout.experts_per_rank;
   const uint32_t routes = static_cast<uint32_t>(a.num_tokens) * static_cast<uint32_t>(a.problem.top_k);
@@ -129,29 +126,46 @@ __global__ void count_and_scatter(const DispatchArgs a) {
                                              static_cast<uint32_t>(a.view.rank), num_ranks);
     *a.view.map(table + slot, static_cast<int32_t>(owner)) = route;
   }
-  // Make the scattered indices visible system-wide before the publishing kernel's barrier.
-  __threadfence_system();
 }
 
-// One block. Sends this rank's per-expert route counts to the owners, resets the send counters for
-// the next call, then waits until every rank has done the same.
-__global__ void publish_counts(const DispatchArgs a) {
-  wait_for_prior_kernels();
-  allow_next_kernel();
-  if (device::rank_timed_out(a.layout.control_block(a.view.local()))) return;
+// One block, once every block's counts are in send_count: sends this rank's per-expert route counts
+// to the owners, resets the send counters for the next call, then waits until every rank has done
+// the same.
+__device__ void publish_counts(const DispatchArgs& a) {
   const uint32_t num_experts = static_cast<uint32_t>(a.problem.num_experts);
   const uint32_t experts_per_rank = a.layout.experts_per_rank;
   const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
   uint64_t* send_count = a.layout.send_count(a.view.local());
   for (uint32_t e = threadIdx.x; e < num_experts; e += blockDim.x) {
-    const uint32_t count = static_cast<uint32_t>(send_count[e]);
-    send_count[e] = 0;
+    cuda::atomic_ref<uint64_t, cuda::thread_scope_device> sent(send_count[e]);
+    const uint32_t count = static_cast<uint32_t>(sent.load(cuda::memory_order_relaxed));
+    sent.store(0, cuda::memory_order_relaxed);
     uint32_t* slot = a.layout.recv_count_ptr(a.view.local(), e % experts_per_rank,
                                              static_cast<uint32_t>(a.view.rank), num_ranks);
     *a.view.map(slot, static_cast<int32_t>(e / experts_per_rank)) = count;
   }
   __threadfence_system();
   device::rank_barrier(a.view, a.layout);
+}
+
+// Dynamic shared memory: num_experts u32 counters. Three steps that used to be three kernels (input
+// copies, counting and scattering, publishing the counts): at one token per rank each kernel
+// boundary cost a launch's wait and first round trips. Every block finishes, also after a timeout,
+// so that the finished-block count returns to zero; the last one publishes.
+__global__ void send_routes(const DispatchArgs a, const StagedInputs staged) {
+  extern __shared__ uint32_t expert_cursor[];
+  wait_for_prior_kernels();
+  allow_next_kernel();
+  ControlBlock* control = a.layout.control_block(a.view.local());
+  const bool timed_out = device::rank_timed_out(control);
+  if (!timed_out) {
+    stage_inputs(staged);
+    count_and_scatter(a, expert_cursor);
+  }
+  // The staged inputs and the indices scattered to peers, system-wide before the last block's barrier
+  // releases them.
+  __threadfence_system();
+  if (device::last_block_to_finish(control) && !timed_out) publish_counts(a);
 }
 
 // Where each pool row of this rank comes from: the (local expert, source rank) segment holding it.
@@ -195,25 +209,6 @@ __device__ void build_segments(const DispatchArgs& a, uint32_t* segment_begin) {
   }
 }
 
-// Copies of one pool row's pieces; the row itself moves with pull_rows_vector.
-struct PoolRowMap {
-  const DispatchArgs* a;
-  const PoolSegments* segments;
-  uint32_t row_bytes;
-
-  __device__ device::RowPair operator()(uint32_t row) const {
-    const uint32_t num_ranks = segments->num_ranks;
-    const uint32_t segment = segments->find(row);
-    const uint32_t expert = segment / num_ranks, src_rank = segment % num_ranks;
-    const uint32_t token_topk =
-        a->layout.src_index_ptr(a->view.local(), expert, src_rank, num_ranks)[row - segments->segment_begin[segment]];
-    const uint32_t token = token_topk / static_cast<uint32_t>(a->problem.top_k);
-    const char* source_buffer = a->view.peers[src_rank];
-    return {source_buffer + a->layout.x.offset + static_cast<uint64_t>(token) * row_bytes,
-            a->view.local() + a->layout.l1_pool.offset + static_cast<uint64_t>(row) * row_bytes};
-  }
-};
-
 // 16-byte loads in flight per lane while a warp pulls a row: 16 cover a 7 KiB E4M3 row (DeepSeek-V3's
 // hidden size) in one round trip; at decode each row's round trips are the pull's time.
 inline constexpr int kPullRowUnroll = 16;
@@ -234,15 +229,14 @@ __global__ void pull(const DispatchArgs a) {
   const uint32_t first_warp = blockIdx.x * warps + threadIdx.x / 32;
   const uint32_t total_warps = gridDim.x * warps;
 
-  const PoolRowMap rows{&a, &segments, row_bytes};
-  device::pull_rows_vector<kPullRowUnroll>(rows, first_warp, total_rows, total_warps, row_bytes, lane);
-
-  // Per row: scales (transposed to K-block-major), route weight and source.
+  // A warp per row: its source, then the row, its first scales and its route weight loaded together
+  // (at decode each row's round trips are the pull's time), then all of them stored.
   const uint32_t hidden_blocks = a.layout.hidden_blocks;
   const bool scaled = a.problem.recipe != Recipe::bf16;
   float* pool_scales = BufferLayout::at<float>(a.view.local(), a.layout.l1_pool_scales);
   float* pool_weight = BufferLayout::at<float>(a.view.local(), a.layout.pool_weight);
   PoolSource* pool_source = BufferLayout::at<PoolSource>(a.view.local(), a.layout.pool_source);
+  constexpr uint32_t kEarlyScales = 2;  // per lane: DeepSeek-V3's 56 K blocks
   for (uint32_t row = first_warp; row < total_rows; row += total_warps) {
     const uint32_t segment = segments.find(row);
     const uint32_t src_rank = segment % num_ranks;
@@ -250,14 +244,31 @@ __global__ void pull(const DispatchArgs a) {
         a.layout.src_index_ptr(a.view.local(), segment / num_ranks, src_rank, num_ranks)[row - segment_begin[segment]];
     const uint32_t token = token_topk / static_cast<uint32_t>(a.problem.top_k);
     const char* source_buffer = a.view.peers[src_rank];
+    const float* source_scales =
+        reinterpret_cast<const float*>(source_buffer + a.layout.x_scales.offset) + uint64_t{token} * hidden_blocks;
+    float scales[kEarlyScales];
+#pragma unroll
+    for (uint32_t i = 0; i < kEarlyScales; ++i) {
+      const uint32_t kb = lane + 32 * i;
+      scales[i] = scaled && kb < hidden_blocks ? source_scales[kb] : 0.0f;
+    }
+    const float weight =
+        lane == 0 ? reinterpret_cast<const float*>(source_buffer + a.layout.topk_weights.offset)[token_topk] : 0.0f;
+    device::copy_row_vector<kPullRowUnroll>(source_buffer + a.layout.x.offset + uint64_t{token} * row_bytes,
+                                            a.view.local() + a.layout.l1_pool.offset + uint64_t{row} * row_bytes,
+                                            row_bytes, lane);
+    // Scales K-block-major: one TMA box then holds a GEMM tile's scales.
     if (scaled) {
-      const float* source_scales =
-          reinterpret_cast<const float*>(source_buffer + a.layout.x_scales.offset) + uint64_t{token} * hidden_blocks;
-      for (uint32_t kb = lane; kb < hidden_blocks; kb += 32)
+#pragma unroll
+      for (uint32_t i = 0; i < kEarlyScales; ++i) {
+        const uint32_t kb = lane + 32 * i;
+        if (kb < hidden_blocks) pool_scales[uint64_t{kb} * a.layout.pool_rows + row] = scales[i];
+      }
+      for (uint32_t kb = lane + 32 * kEarlyScales; kb < hidden_blocks; kb += 32)
         pool_scales[uint64_t{kb} * a.layout.pool_rows + row] = source_scales[kb];
     }
     if (lane == 0) {
-      pool_weight[row] = reinterpret_cast<const float*>(source_buffer + a.layout.topk_weights.offset)[token_topk];
+      pool_weight[row] = weight;
       pool_source[row] = PoolSource{src_rank, token_topk};
     }
   }
