@@ -11,8 +11,6 @@
 // The host never reads a count.
 #pragma once
 
-#include <cuda/atomic>
-
 #include <cstdint>
 
 #include "kernels/comm/pull.cuh"
@@ -137,7 +135,7 @@ __device__ void publish_counts(const DispatchArgs& a) {
   const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
   uint64_t* send_count = a.layout.send_count(a.view.local());
   for (uint32_t e = threadIdx.x; e < num_experts; e += blockDim.x) {
-    cuda::atomic_ref<uint64_t, cuda::thread_scope_device> sent(send_count[e]);
+    device::GpuRef<uint64_t> sent(send_count[e]);
     const uint32_t count = static_cast<uint32_t>(sent.load(cuda::memory_order_relaxed));
     sent.store(0, cuda::memory_order_relaxed);
     uint32_t* slot = a.layout.recv_count_ptr(a.view.local(), e % experts_per_rank,
