@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "megamoe/error.h"
@@ -127,45 +129,48 @@ DenseGemm::~DenseGemm() {
   for (float* pointer : {state_->a_scales, state_->b_scales}) cudaFree(pointer);
 }
 
-double DenseGemm::tflops(uint64_t m, cudaStream_t stream, int repeats, int warmups) const {
-  require(m > 0 && m <= max_m_, "DenseGemm::tflops", "m must be in [1, ", max_m_, "], got ", m);
+std::function<void()> DenseGemm::launcher(uint64_t m, cudaStream_t stream) const {
+  require(m > 0 && m <= max_m_, "DenseGemm::launcher", "m must be in [1, ", max_m_, "], got ", m);
+  // The layouts and the chosen algorithm live as long as the returned function.
+  struct Plan {
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulHeuristicResult_t heuristic{};
+    ~Plan() {
+      for (cublasLtMatrixLayout_t layout : {a, b, d})
+        if (layout != nullptr) cublasLtMatrixLayoutDestroy(layout);
+    }
+  };
+  auto plan = std::make_shared<Plan>();
   const cudaDataType_t in_type = fp8_ ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
-  cublasLtMatrixLayout_t layout_a, layout_b, layout_d;
-  cublas_ok(cublasLtMatrixLayoutCreate(&layout_a, in_type, k_, m, k_), "layout A");
-  cublas_ok(cublasLtMatrixLayoutCreate(&layout_b, in_type, k_, n_, k_), "layout B");
-  cublas_ok(cublasLtMatrixLayoutCreate(&layout_d, CUDA_R_16BF, m, n_, m), "layout D");
+  cublas_ok(cublasLtMatrixLayoutCreate(&plan->a, in_type, k_, m, k_), "layout A");
+  cublas_ok(cublasLtMatrixLayoutCreate(&plan->b, in_type, k_, n_, k_), "layout B");
+  cublas_ok(cublasLtMatrixLayoutCreate(&plan->d, CUDA_R_16BF, m, n_, m), "layout D");
   cublasLtMatmulPreference_t preference;
   cublas_ok(cublasLtMatmulPreferenceCreate(&preference), "preference");
   cublas_ok(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kDenseWorkspace,
                                                  sizeof(kDenseWorkspace)),
             "preference workspace");
-  cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(state_->handle, state_->desc, layout_a, layout_b,
-                                                               layout_d, layout_d, preference, 1, &heuristic, &found);
-  const auto destroy = [&] {
-    cublasLtMatmulPreferenceDestroy(preference);
-    cublasLtMatrixLayoutDestroy(layout_a);
-    cublasLtMatrixLayoutDestroy(layout_b);
-    cublasLtMatrixLayoutDestroy(layout_d);
-  };
-  if (scaling_ == DenseScaling::blocks && (status != CUBLAS_STATUS_SUCCESS || found == 0)) {
-    destroy();
-    return std::nan("");
-  }
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(state_->handle, state_->desc, plan->a, plan->b, plan->d,
+                                                               plan->d, preference, 1, &plan->heuristic, &found);
+  cublasLtMatmulPreferenceDestroy(preference);
+  if (scaling_ == DenseScaling::blocks && (status != CUBLAS_STATUS_SUCCESS || found == 0)) return {};
   cublas_ok(status, "cublasLtMatmulAlgoGetHeuristic");
   require(found > 0, "cuBLASLt", "found no algorithm for the dense product");
-  const float alpha = 1.0f, beta = 0.0f;
-  const double us = time_us(
-      [&] {
-        cublas_ok(cublasLtMatmul(state_->handle, state_->desc, &alpha, state_->a, layout_a, state_->b, layout_b, &beta,
-                                 state_->d, layout_d, state_->d, layout_d, &heuristic.algo, state_->workspace,
-                                 kDenseWorkspace, stream),
-                  "cublasLtMatmul");
-      },
-      stream, repeats, warmups);
-  destroy();
-  return 2.0 * double(m) * n_ * k_ / (us * 1e-6) / 1e12;
+  const State* state = state_.get();
+  return [state, plan, stream] {
+    const float alpha = 1.0f, beta = 0.0f;
+    cublas_ok(cublasLtMatmul(state->handle, state->desc, &alpha, state->a, plan->a, state->b, plan->b, &beta, state->d,
+                             plan->d, state->d, plan->d, &plan->heuristic.algo, state->workspace, kDenseWorkspace,
+                             stream),
+              "cublasLtMatmul");
+  };
+}
+
+double DenseGemm::tflops(uint64_t m, cudaStream_t stream, int repeats, int warmups) const {
+  const std::function<void()> launch = launcher(m, stream);
+  if (!launch) return std::nan("");
+  return tflops_at(m, time_us(launch, stream, repeats, warmups));
 }
 
 namespace {
@@ -193,6 +198,22 @@ void fill_value(float* data, uint64_t count, float value, cudaStream_t stream) {
 
 namespace {
 
+// Milliseconds of one run of `work` on the idle `stream`, between events recorded around it.
+float timed_ms(const std::function<void()>& work, cudaEvent_t start, cudaEvent_t stop, cudaStream_t stream) {
+  cuda_ok(cudaEventRecord(start, stream), "cudaEventRecord");
+  work();
+  cuda_ok(cudaEventRecord(stop, stream), "cudaEventRecord");
+  cuda_ok(cudaEventSynchronize(stop), "cudaEventSynchronize");
+  float ms = 0;
+  cuda_ok(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+  return ms;
+}
+
+double median_of(std::vector<float> times_ms) {
+  std::sort(times_ms.begin(), times_ms.end());
+  return 1000.0 * times_ms[times_ms.size() / 2];
+}
+
 // Median of `repeats` event-timed runs of `work` after `warmups`; `before` (if any) is queued before
 // each run's start event.
 double median_us(const std::function<void()>& work, const std::function<void()>& before, cudaStream_t stream,
@@ -204,24 +225,34 @@ double median_us(const std::function<void()>& work, const std::function<void()>&
   std::vector<float> times;
   for (int i = 0; i < repeats; ++i) {
     if (before) before();
-    cuda_ok(cudaEventRecord(start, stream), "cudaEventRecord");
-    work();
-    cuda_ok(cudaEventRecord(stop, stream), "cudaEventRecord");
-    cuda_ok(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float ms = 0;
-    cuda_ok(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    times.push_back(ms);
+    times.push_back(timed_ms(work, start, stop, stream));
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  std::sort(times.begin(), times.end());
-  return 1000.0 * times[times.size() / 2];
+  return median_of(std::move(times));
 }
 
 }  // namespace
 
 double time_us(const std::function<void()>& work, cudaStream_t stream, int repeats, int warmups) {
   return median_us(work, nullptr, stream, repeats, warmups);
+}
+
+std::vector<double> interleaved_us(std::span<const std::function<void()>> works, cudaStream_t stream, int repeats,
+                                   int warmups) {
+  for (int i = 0; i < warmups; ++i)
+    for (const auto& work : works) work();
+  cudaEvent_t start, stop;
+  cuda_ok(cudaEventCreate(&start), "cudaEventCreate");
+  cuda_ok(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<std::vector<float>> times(works.size());
+  for (int i = 0; i < repeats; ++i)
+    for (size_t w = 0; w < works.size(); ++w) times[w].push_back(timed_ms(works[w], start, stop, stream));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::vector<double> medians;
+  for (std::vector<float>& samples : times) medians.push_back(median_of(std::move(samples)));
+  return medians;
 }
 
 L2Flush::L2Flush() {

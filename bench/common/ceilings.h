@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
+#include <vector>
 
 namespace megamoe::bench {
 
@@ -18,6 +20,14 @@ void fill_value(float* data, uint64_t count, float value, cudaStream_t stream);
 // Median time in microseconds of `work` on `stream` over `repeats` runs after `warmups`, with events.
 // The events bracket the host's launch preparation too, since the stream is idle when `work` starts.
 double time_us(const std::function<void()>& work, cudaStream_t stream, int repeats = 10, int warmups = 2);
+
+// Median times in microseconds of each of `works`, timed as time_us does, but run in turn within
+// each of `repeats` rounds (a, b, c, a, b, c, ...) after `warmups` such rounds, so that kernels that
+// are compared see the same power and clock state. Timed one after the other they do not: the board
+// reaches its power cap during a series of dense FP8 products, and the fp8 L1 GEMM at 32 experts x
+// 1024 tokens took 1747-1749 us timed right after them against 1475-1478 us timed before them.
+std::vector<double> interleaved_us(std::span<const std::function<void()>> works, cudaStream_t stream, int repeats,
+                                   int warmups);
 
 // Reads a buffer four times the size of L2 (clean lines: no write-backs later), so that the next
 // kernel finds none of its operands there.
@@ -60,9 +70,10 @@ enum class DenseScaling { per_tensor, blocks };
 
 // A dense product D[m x n] = A[m x k] B[n x k]^T through cuBLASLt, both operands K-major (as tokens
 // and weights are), FP32 accumulation, BF16 output; FP8 E4M3 (DenseScaling), or BF16. The
-// GEMM benchmark times it at a row's own shape right before the row, so that both run in the same
-// power and clock state: back-to-back launches of several milliseconds run into the board's power
-// cap, which the short 8192^3 ceiling at the start of a run does not.
+// GEMM benchmark times it at a row's own shape interleaved with the row's own launches
+// (interleaved_us), so that both run in the same power and clock state: back-to-back launches of
+// several milliseconds run into the board's power cap, which the short 8192^3 ceiling at the start
+// of a run does not.
 class DenseGemm {
  public:
   // Random operands, up to max_m rows.
@@ -70,9 +81,13 @@ class DenseGemm {
   ~DenseGemm();
   DenseGemm(const DenseGemm&) = delete;
   DenseGemm& operator=(const DenseGemm&) = delete;
-  // Median TFLOP/s at m rows over `repeats` runs after `warmups`; NaN when cuBLASLt has no algorithm
-  // for it (block scaling needs a recent cuBLASLt).
+  // One launch of the product at m rows on `stream`, with the algorithm cuBLASLt picks for that shape
+  // (chosen here, once); an empty function when it has none (block scaling needs a recent cuBLASLt).
+  std::function<void()> launcher(uint64_t m, cudaStream_t stream) const;
+  // Median TFLOP/s at m rows over `repeats` runs after `warmups`; NaN when there is no algorithm.
   double tflops(uint64_t m, cudaStream_t stream, int repeats, int warmups) const;
+  // TFLOP/s of the product at m rows taking `us` microseconds.
+  double tflops_at(uint64_t m, double us) const { return 2.0 * double(m) * n_ * k_ / (us * 1e-6) / 1e12; }
 
  private:
   struct State;

@@ -4,8 +4,9 @@
 // compared with dense FP8 (its wgmmas are FP8 ones) and counts its packed weight bytes. Decode rows
 // are timed from a flushed L2 with the host's launch work hidden (us), and also from a warm L2 with
 // it included (us_warm), and without the split-K workspace (us_unsplit, split_speedup). Prefill rows
-// (tokens_on_m tiles) also time a dense cuBLASLt product of their own shape (all rows x N x K)
-// right before them, in the same power state (dense_same_shape_tflops, tflops_vs_dense_same_shape),
+// (tokens_on_m tiles) also time a dense cuBLASLt product of their own shape (all rows x N x K),
+// launches of the two taking turns so that both see one power state (interleaved_us;
+// dense_same_shape_tflops, tflops_vs_dense_same_shape),
 // and for the scaled recipes the same FP8 product with the fp8 recipe's block scales, which
 // cuBLASLt promotes as our kernel does (dense_blocks_same_shape_tflops, tflops_vs_dense_blocks_same_shape).
 // Decode rows also time one launch that only reads as many bytes as the row's weights, from the same
@@ -18,6 +19,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -238,12 +240,24 @@ int main(int argc, char** argv) {
               if (!decode && scaled && !same_shape_blocks)
                 same_shape_blocks =
                     std::make_unique<DenseGemm>(max_rows, stage.n_out, stage.k, true, DenseScaling::blocks);
-              const double same_shape_tflops = decode ? 0.0 : same_shape->tflops(total_rows, stream, repeats, 2);
-              const double same_shape_blocks_tflops =
-                  decode || !scaled ? 0.0 : same_shape_blocks->tflops(total_rows, stream, repeats, 2);
               operands.split_workspace = {split_workspace, kGemmSplitWorkspaceBytes};
-              const double us = decode ? time_cold_us(run, stream, flush, repeats, 2) : time_us(run, stream, repeats, 2);
-              const double us_warm = decode ? time_us(run, stream, repeats, 2) : 0.0;
+              double us = 0.0, us_warm = 0.0, same_shape_tflops = 0.0, same_shape_blocks_tflops = 0.0;
+              if (decode) {
+                us = time_cold_us(run, stream, flush, repeats, 2);
+                us_warm = time_us(run, stream, repeats, 2);
+              } else {
+                // The row's launches and the same-shape products in turn, in one power state.
+                std::vector<std::function<void()>> works{run, same_shape->launcher(total_rows, stream)};
+                if (scaled) works.push_back(same_shape_blocks->launcher(total_rows, stream));
+                const bool has_blocks = scaled && works.back();
+                if (scaled && !has_blocks) works.pop_back();
+                const std::vector<double> medians = interleaved_us(works, stream, repeats, 2);
+                us = medians[0];
+                same_shape_tflops = same_shape->tflops_at(total_rows, medians[1]);
+                if (scaled)
+                  same_shape_blocks_tflops =
+                      has_blocks ? same_shape_blocks->tflops_at(total_rows, medians[2]) : std::nan("");
+              }
               operands.split_workspace = {};
               DeviceError recorded{};
               cuda_ok(cudaMemcpy(&recorded, &control->error, sizeof(recorded), cudaMemcpyDeviceToHost), "error record");
