@@ -247,16 +247,15 @@ int main(int argc, char** argv) {
                 us_warm = time_us(run, stream, repeats, 2);
               } else {
                 // The row's launches and the same-shape products in turn, in one power state.
+                const std::function<void()> blocks =
+                    scaled ? same_shape_blocks->launcher(total_rows, stream) : std::function<void()>{};
                 std::vector<std::function<void()>> works{run, same_shape->launcher(total_rows, stream)};
-                if (scaled) works.push_back(same_shape_blocks->launcher(total_rows, stream));
-                const bool has_blocks = scaled && works.back();
-                if (scaled && !has_blocks) works.pop_back();
+                if (blocks) works.push_back(blocks);
                 const std::vector<double> medians = interleaved_us(works, stream, repeats, 2);
                 us = medians[0];
                 same_shape_tflops = same_shape->tflops_at(total_rows, medians[1]);
                 if (scaled)
-                  same_shape_blocks_tflops =
-                      has_blocks ? same_shape_blocks->tflops_at(total_rows, medians[2]) : std::nan("");
+                  same_shape_blocks_tflops = blocks ? same_shape_blocks->tflops_at(total_rows, medians[2]) : std::nan("");
               }
               operands.split_workspace = {};
               DeviceError recorded{};
