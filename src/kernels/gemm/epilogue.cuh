@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_pipeline_primitives.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
@@ -94,7 +95,8 @@ struct SwigluEpilogue {
   struct Prefetched {
     float route_weights[2];
   };
-  __device__ Prefetched prefetch(const Tile& tile, uint32_t warpgroup, uint32_t warp, uint32_t lane) const {
+  __device__ Prefetched prefetch(const SharedStorage<Config>& smem, const Tile& tile, uint32_t warpgroup, uint32_t warp,
+                                 uint32_t lane) const {
     if constexpr (Config::kLayout == TileLayout::weights_on_m) return {{1.0f, 1.0f}};
     const uint32_t token0 = 64 * warpgroup + 16 * warp + lane / 4;
     return {{route_weight(tile, token0), route_weight(tile, token0 + 8)}};
@@ -302,26 +304,28 @@ struct StoreEpilogue {
 
   // tokens_on_m: warp `warp` of a math warpgroup holds every feature of its 16 tokens, so it stages
   // and stores them alone, with no barrier beyond the warp: lane l copies 16-byte chunk l % 8 of
-  // tokens 16 warp + l / 8 + 4j. Finding a routed row reads its pool source: those loads are issued
-  // before the tile's mainloop, and the rows computed from them only in apply, so that no
-  // instruction waits on them before the wgmmas start.
+  // tokens 16 warp + l / 8 + 4j. Finding a routed row reads its pool source: lane t < 16 copies
+  // token 16 warp + t's (cp.async) into the free end of the token's staging row before the tile's
+  // mainloop, so that no register holds it there (holding them in registers cost fp8 L2 prefill
+  // about 10%: timing-only probes in docs/gemm.md) and nothing waits on the load.
   static constexpr uint32_t kCopyTokens = 16 * (Config::kPassBytes / 16) / 32;
+  static constexpr uint32_t kSourceOffset = Config::kPassBytes;  // in a staging row, past its data
   __device__ static uint32_t copy_token(uint32_t warpgroup, uint32_t warp, uint32_t lane, uint32_t j) {
     return 64 * warpgroup + 16 * warp + lane / 8 + 4 * j;
   }
-  struct Prefetched {
-    PoolSource sources[kCopyTokens];
-  };
-  __device__ Prefetched prefetch(const Tile& tile, uint32_t warpgroup, uint32_t warp, uint32_t lane) const {
-    Prefetched prefetched{};
+  struct Prefetched {};
+  __device__ Prefetched prefetch(const SharedStorage<Config>& smem, const Tile& tile, uint32_t warpgroup, uint32_t warp,
+                                 uint32_t lane) const {
     if constexpr (Config::kLayout == TileLayout::tokens_on_m) {
-#pragma unroll
-      for (uint32_t j = 0; j < kCopyTokens; ++j) {
-        const uint32_t token = copy_token(warpgroup, warp, lane, j);
-        if (token < tile.rows) prefetched.sources[j] = destination.lookup(tile.row_begin + token);
+      static_assert(Config::kL2StagingStride >= kSourceOffset + sizeof(PoolSource), "no room for the pool source");
+      const uint32_t token = 64 * warpgroup + 16 * warp + lane;
+      if (lane < 16 && token < tile.rows && !destination.is_shared) {
+        __pipeline_memcpy_async(smem.staging() + token * Config::kL2StagingStride + kSourceOffset,
+                                destination.routed.sources + tile.row_begin + token, sizeof(PoolSource));
+        __pipeline_commit();
       }
     }
-    return prefetched;
+    return {};
   }
 
   __device__ void apply(const SharedStorage<Config>& smem, const Tile& tile, float (&acc)[2][Config::kAccRegs],
@@ -360,13 +364,19 @@ struct StoreEpilogue {
                                     (warp_token + lane % 8 + 8 * ((lane / 8) % 2)) * Config::kL2StagingStride +
                                     16 * (lane / 16);
       const uint8_t* staging = smem.staging();
-      // The rows this lane copies, found once for all four passes.
+      // The rows this lane copies, found once for all four passes from the sources its warp's lanes
+      // copied in (the first pass's stmatrix leaves the rows' last 16 bytes alone).
+      if (lane < 16 && warp_token + lane < tile.rows && !destination.is_shared) __pipeline_wait_prior(0);
+      __syncwarp();
       uint16_t* rows[kCopyTokens];
 #pragma unroll
       for (uint32_t j = 0; j < kCopyTokens; ++j) {
         const uint32_t token = copy_token(warpgroup, warp, lane, j);
-        rows[j] = token < tile.rows ? destination.row(tile.row_begin + token, prefetched.sources[j]) +
-                                          tile.m_tile * Config::kBlockM
+        const PoolSource source =
+            destination.is_shared
+                ? PoolSource{}
+                : *reinterpret_cast<const PoolSource*>(staging + token * Config::kL2StagingStride + kSourceOffset);
+        rows[j] = token < tile.rows ? destination.row(tile.row_begin + token, source) + tile.m_tile * Config::kBlockM
                                     : nullptr;
       }
       const uint32_t part = lane % 8;

@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
     const WorkUnit unit = scheduler.unit(index, group_cursor);
     const Tile& tile = unit.tile;
     const GemmJob<Epilogue>& job = jobs.job[tile.job];
-    const auto prefetched = job.epilogue.prefetch(tile, math_warpgroup, warp, lane);
+    const auto prefetched = job.epilogue.prefetch(smem, tile, math_warpgroup, warp, lane);
     const uint32_t stagger_kb =
         kStaggered && math_warpgroup == 0 && first_unit ? min(kStaggerKBlocks, job.args.k_blocks - 1) : kNoStagger;
     consume_unit<Config>(smem, ring, unit, job.args, math_warpgroup, warp, lane, stagger_kb, acc);
