@@ -306,8 +306,8 @@ struct StoreEpilogue {
   // and stores them alone, with no barrier beyond the warp: lane l copies 16-byte chunk l % 8 of
   // tokens 16 warp + l / 8 + 4j. Finding a routed row reads its pool source: lane t < 16 copies
   // token 16 warp + t's (cp.async) into the free end of the token's staging row before the tile's
-  // mainloop, so that no register holds it there (holding them in registers cost fp8 L2 prefill
-  // about 10%: timing-only probes in docs/gemm.md) and nothing waits on the load.
+  // mainloop, so that nothing waits on the load and no register holds the sources through the
+  // mainloop (with four per thread held there, fp8 L2 prefill took 1.01-1.04x the time).
   static constexpr uint32_t kCopyTokens = 16 * (Config::kPassBytes / 16) / 32;
   static constexpr uint32_t kSourceOffset = Config::kPassBytes;  // in a staging row, past its data
   __device__ static uint32_t copy_token(uint32_t warpgroup, uint32_t warp, uint32_t lane, uint32_t j) {
