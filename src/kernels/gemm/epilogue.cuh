@@ -9,8 +9,8 @@
 #pragma once
 
 #include <cuda_bf16.h>
-#include <cuda_pipeline_primitives.h>
 #include <cuda_fp8.h>
+#include <cuda_pipeline_primitives.h>
 
 #include <cstdint>
 
