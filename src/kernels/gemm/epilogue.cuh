@@ -285,10 +285,13 @@ struct SlotDestination {
   RoutedDestination routed;
   SharedDestination shared;
   bool is_shared;
-  // What finding a row reads from global memory (a routed row's pool source), so that it can be
-  // loaded early and the row computed later without waiting on the load.
+  // What finding a row reads from global memory: a routed row's pool source (shared rows need
+  // none), so that it can be loaded early and the row computed later without waiting on the load.
+  __device__ const PoolSource* source_address(uint32_t pool_row) const {
+    return is_shared ? nullptr : routed.sources + pool_row;
+  }
   __device__ PoolSource lookup(uint32_t pool_row) const {
-    return is_shared ? PoolSource{} : routed.sources[pool_row];
+    return is_shared ? PoolSource{} : *source_address(pool_row);
   }
   __device__ uint16_t* row(uint32_t pool_row, const PoolSource& source) const {
     return is_shared ? shared.row(pool_row) : routed.row(source);
@@ -321,7 +324,7 @@ struct StoreEpilogue {
       const uint32_t token = 64 * warpgroup + 16 * warp + lane;
       if (lane < 16 && token < tile.rows && !destination.is_shared) {
         __pipeline_memcpy_async(smem.staging() + token * Config::kL2StagingStride + kSourceOffset,
-                                destination.routed.sources + tile.row_begin + token, sizeof(PoolSource));
+                                destination.source_address(tile.row_begin + token), sizeof(PoolSource));
         __pipeline_commit();
       }
     }
