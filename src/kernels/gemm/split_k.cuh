@@ -62,8 +62,9 @@ __device__ bool gather_splits(const SplitArgs& split, const WorkUnit& unit, uint
     const uint32_t i = 4 * v % Config::kAccRegs, j = 4 * v / Config::kAccRegs;
     __stcg(own + v * kThreads + math_thread, make_float4(acc[j][i], acc[j][i + 1], acc[j][i + 2], acc[j][i + 3]));
   }
-  // Every thread's stores are ordered before the arrival (fence, then the barrier to thread 0).
-  __threadfence();
+  // The barrier orders every thread's stores before thread 0's arrival, whose release covers them
+  // (cumulativity), and its acquire before every thread's loads below after the second barrier: no
+  // per-thread fences (sequentially consistent ones, MEMBAR.SC, each a round trip).
   math_barrier<Config>();
   if (math_thread == 0) {
     cuda::atomic_ref<uint32_t, cuda::thread_scope_device> counter(split.counters[unit.split_tile]);
@@ -73,7 +74,6 @@ __device__ bool gather_splits(const SplitArgs& split, const WorkUnit& unit, uint
   }
   math_barrier<Config>();
   if (*flag == 0) return false;
-  __threadfence();
   // Every split's part is loaded before any is added: predicated loads, all in flight at once. (A
   // loop that broke out past the last split waited one round trip to L2 per split: the one-expert
   // fp8 L1 launch took 24-25 us against 20-21 us now.) Then the parts are added in split order; the
