@@ -1,6 +1,8 @@
 // Communication benchmark: pulling token rows from a peer's symmetric buffer (TMA bulk copies, and
 // 16-byte vector loads) at MoE dispatch sizes, against a peer-copy ceiling and an HBM-copy ceiling
-// measured in the same run, and the cross-rank barrier's round trip.
+// measured in the same run (and against a peer copy of the same size), and the cross-rank barrier's
+// round trip. FP8 rows are pulled as the layer keeps them: the 7168-byte E4M3 row from one region and
+// its 224 bytes of 1x128 scales from another.
 //
 // With two or more Hopper GPUs it runs one NCCL process on each of GPUs 0 and 1; with one, two
 // emulated ranks share it (rows then say "emulated": true, and "peer" memory is the same GPU's).
@@ -18,6 +20,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/check.h"
@@ -35,7 +38,8 @@ using detail::concat;
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 constexpr uint64_t kLargestPull = 256 * kMiB;
-constexpr uint32_t kFp8RowBytes = 7168 + 56 * 4;  // an FP8 row of hidden 7168 with its 1x128 f32 scales
+constexpr uint32_t kFp8RowBytes = 7168;       // an E4M3 row of hidden 7168
+constexpr uint32_t kFp8ScaleBytes = 56 * 4;    // its 1x128 f32 scales, in their own region
 constexpr uint32_t kBf16RowBytes = 7168 * 2;
 constexpr uint32_t kBarrierIterations = 2000;
 constexpr int kStandaloneBarriers = 100;
@@ -52,9 +56,11 @@ struct Row {
   std::string kind;
   uint64_t bytes = 0;
   uint32_t row_bytes = 0;
+  uint32_t scale_bytes = 0;     // per row, pulled from the scales' own region
   double us = 0;
   double gbps = 0;
-  double ratio = 0;             // to the peer-copy ceiling (pulls only)
+  double ratio = 0;             // to the peer-copy ceiling
+  double same_size_ratio = 0;   // to a peer copy of the same nominal size, timed in the same run
   double standalone_us = 0;     // barrier only
 };
 
@@ -193,26 +199,37 @@ void measure_pulls(Communicator& comm, SymmBuffer& buffer, const Options& option
   const double peer_copy_us = time_us(stream, options.repeats, 1, copy(pool, peer_x, kLargestPull));
   results.peer_copy_gbps = gbps(kLargestPull, peer_copy_us);
 
+  std::vector<double> peer_copy_gbps_by_size;
   for (uint64_t total = kMiB; total <= kLargestPull; total *= 4) {
     Row row{"peer_copy", total};
     row.us = total == kLargestPull ? peer_copy_us
                                    : time_us(stream, options.repeats, inner_calls(total), copy(pool, peer_x, total));
     row.gbps = gbps(total, row.us);
     row.ratio = row.gbps / results.peer_copy_gbps;
+    row.same_size_ratio = 1;
+    peer_copy_gbps_by_size.push_back(row.gbps);
     results.rows.push_back(row);
   }
 
   const int blocks = comm.sm_budget();
   for (device::PullMethod method : {device::PullMethod::bulk, device::PullMethod::vector}) {
     const char* kind = method == device::PullMethod::bulk ? "pull_tma" : "pull_ld";
-    for (uint32_t row_bytes : {kFp8RowBytes, kBf16RowBytes}) {
-      const device::ContiguousRows map{peer_x, pool, row_bytes};
+    for (const auto [row_bytes, scale_bytes] : {std::pair{kFp8RowBytes, kFp8ScaleBytes}, std::pair{kBf16RowBytes, 0u}}) {
+      const uint32_t item_bytes = row_bytes + scale_bytes;
+      // `rows` rows back to back in both buffers, their scales (if any) right after them: the pulled
+      // bytes are then a contiguous copy of the source's first rows * item_bytes.
+      auto items = [&](uint32_t rows) {
+        const uint64_t scales_at = uint64_t{rows} * row_bytes;
+        return device::PulledRows{{peer_x, pool, row_bytes}, {peer_x + scales_at, pool + scales_at, scale_bytes}};
+      };
       auto pull = [&](uint32_t rows) {
-        return [&, rows] { MEGAMOE_CHECK_CUDA(device::launch_pull_rows(method, map, rows, blocks, stream)); };
+        return [&, rows, map = items(rows)] {
+          MEGAMOE_CHECK_CUDA(device::launch_pull_rows(method, map, rows, blocks, stream));
+        };
       };
       // The largest pull must deliver exactly rank 1's bytes before any of it is timed.
-      const uint32_t most_rows = static_cast<uint32_t>(kLargestPull / row_bytes);
-      const uint64_t most_bytes = uint64_t{most_rows} * row_bytes;
+      const uint32_t most_rows = static_cast<uint32_t>(kLargestPull / item_bytes);
+      const uint64_t most_bytes = uint64_t{most_rows} * item_bytes;
       MEGAMOE_CHECK_CUDA(cudaMemsetAsync(pool, 0, most_bytes, stream));
       pull(most_rows)();
       unsigned long long* wrong = nullptr;
@@ -226,15 +243,17 @@ void measure_pulls(Communicator& comm, SymmBuffer& buffer, const Options& option
       MEGAMOE_CHECK_CUDA(cudaFreeAsync(wrong, stream));
       MEGAMOE_CHECK_CUDA(cudaStreamSynchronize(stream));
       if (wrong_words != 0) {
-        throw Error(concat(kind, " of ", most_rows, " rows of ", row_bytes, " bytes delivered ", wrong_words,
+        throw Error(concat(kind, " of ", most_rows, " rows of ", item_bytes, " bytes delivered ", wrong_words,
                            " wrong words"));
       }
-      for (uint64_t total = kMiB; total <= kLargestPull; total *= 4) {
-        const uint32_t rows = static_cast<uint32_t>(total / row_bytes);
-        Row row{kind, uint64_t{rows} * row_bytes, row_bytes};
+      size_t size_index = 0;
+      for (uint64_t total = kMiB; total <= kLargestPull; total *= 4, ++size_index) {
+        const uint32_t rows = static_cast<uint32_t>(total / item_bytes);
+        Row row{kind, uint64_t{rows} * item_bytes, row_bytes, scale_bytes};
         row.us = time_us(stream, options.repeats, inner_calls(row.bytes), pull(rows));
         row.gbps = gbps(row.bytes, row.us);
         row.ratio = row.gbps / results.peer_copy_gbps;
+        row.same_size_ratio = row.gbps / peer_copy_gbps_by_size[size_index];
         results.rows.push_back(row);
       }
     }
@@ -259,16 +278,19 @@ void print_table(const Results& results, const std::string& mode) {
   std::printf("megamoe comm benchmark (%s)\n", mode.c_str());
   std::printf("ceilings: HBM copy %.1f GB/s (read + write), peer copy %.1f GB/s\n", results.hbm_copy_gbps,
               results.peer_copy_gbps);
-  std::printf("%-10s %12s %9s %12s %10s %9s\n", "kind", "bytes", "row", "us", "GB/s", "of peer");
+  std::printf("%-10s %12s %9s %12s %10s %9s %10s\n", "kind", "bytes", "row", "us", "GB/s", "of peer",
+              "same size");
   for (const Row& row : results.rows) {
     if (row.kind == "barrier") {
       std::printf("%-10s %12s %9s %12.3f  (standalone barrier kernel: %.3f us)\n", row.kind.c_str(), "", "", row.us,
                   row.standalone_us);
       continue;
     }
-    std::printf("%-10s %12llu %9s %12.2f %10.1f %8.1f%%\n", row.kind.c_str(),
-                static_cast<unsigned long long>(row.bytes), row.row_bytes ? std::to_string(row.row_bytes).c_str() : "",
-                row.us, row.gbps, 100 * row.ratio);
+    const std::string row_text =
+        row.row_bytes == 0 ? "" : concat(row.row_bytes, row.scale_bytes ? concat("+", row.scale_bytes) : "");
+    std::printf("%-10s %12llu %9s %12.2f %10.1f %8.1f%% %9.1f%%\n", row.kind.c_str(),
+                static_cast<unsigned long long>(row.bytes), row_text.c_str(), row.us, row.gbps, 100 * row.ratio,
+                100 * row.same_size_ratio);
   }
 }
 
@@ -290,8 +312,10 @@ void write_json(const Results& results, const Options& options, const std::strin
     } else {
       out << ", \"bytes\": " << row.bytes;
       if (row.row_bytes != 0) out << ", \"row_bytes\": " << row.row_bytes;
+      if (row.scale_bytes != 0) out << ", \"scale_bytes\": " << row.scale_bytes;
       out << ", \"gbps\": " << json_number(row.gbps) << ", \"us\": " << json_number(row.us)
-          << ", \"ratio_to_peer_copy\": " << json_number(row.ratio);
+          << ", \"ratio_to_peer_copy\": " << json_number(row.ratio)
+          << ", \"ratio_to_same_size_peer_copy\": " << json_number(row.same_size_ratio);
     }
     out << ", \"emulated\": " << (emulated ? "true" : "false") << "}" << (i + 1 < results.rows.size() ? "," : "")
         << "\n";

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "comm/check.h"
@@ -514,14 +515,19 @@ void pull_rows(Communicator& comm) {
   const int32_t source = (comm.rank() + 1) % comm.size();
   char* destination = view.local() + layout.l1_pool.offset;
   for (device::PullMethod method : {device::PullMethod::bulk, device::PullMethod::vector}) {
-    for (uint32_t row_bytes : {7168u + 224u, 14336u}) {
+    // E4M3 rows with their scales in a second region, as the layer keeps them; BF16 rows alone.
+    for (const auto [row_bytes, scale_bytes] : {std::pair{7168u, 224u}, std::pair{14336u, 0u}}) {
       for (uint32_t rows : {1u, 37u, 300u}) {
-        const uint64_t bytes = uint64_t{rows} * row_bytes;
+        const uint64_t bytes = uint64_t{rows} * (row_bytes + scale_bytes);
         if (bytes + kGuardBytes > layout.l1_pool.bytes || bytes > layout.x.bytes) {
           throw Error(concat("rank ", comm.rank(), ": the test buffer is too small for ", rows, " rows"));
         }
         MEGAMOE_CHECK_CUDA(cudaMemsetAsync(destination, 0, bytes + kGuardBytes, stream));
-        const device::ContiguousRows map{view.peers[source] + layout.x.offset, destination, row_bytes};
+        // The scales right after the rows in both buffers: the pulled bytes are then a contiguous copy.
+        const char* source_rows = view.peers[source] + layout.x.offset;
+        const uint64_t scales_at = uint64_t{rows} * row_bytes;
+        const device::PulledRows map{{source_rows, destination, row_bytes},
+                                     {source_rows + scales_at, destination + scales_at, scale_bytes}};
         comm_detail::check_cuda(device::launch_pull_rows(method, map, rows, comm.sm_budget(), stream), "launch_pull_rows");
         StreamBuffer<Mismatch> mismatch(1, stream);
         check_pulled_kernel<<<comm.sm_budget(), 256, 0, stream>>>(reinterpret_cast<const uint32_t*>(destination),
@@ -529,7 +535,7 @@ void pull_rows(Communicator& comm) {
         comm_detail::check_cuda(cudaGetLastError(), "check_pulled_kernel");
         require_no_mismatch(mismatch, comm.rank(),
                             concat(method == device::PullMethod::bulk ? "bulk" : "vector", " pull of ", rows,
-                                   " rows of ", row_bytes, " bytes from rank ", source,
+                                   " rows of ", row_bytes, " + ", scale_bytes, " bytes from rank ", source,
                                    " (index = word offset; past the rows must stay zero)"));
       }
     }
@@ -554,7 +560,7 @@ void concurrent_pull_launches() {
       std::vector<char> pattern(bytes);
       for (uint64_t i = 0; i < bytes; ++i) pattern[i] = static_cast<char>(i * 7 + which);
       MEGAMOE_CHECK_CUDA(cudaMemcpy(src, pattern.data(), bytes, cudaMemcpyHostToDevice));
-      const device::ContiguousRows map{src, dst, row_bytes[which]};
+      const device::PulledRows map{{src, dst, row_bytes[which]}, {nullptr, nullptr, 0}};
       for (int launch = 0; launch < kLaunches && failure[which].empty(); ++launch) {
         const cudaError_t status = device::launch_pull_rows(device::PullMethod::bulk, map, kRows, 4, stream);
         if (status != cudaSuccess) {

@@ -207,10 +207,6 @@ __device__ void build_segments(const DispatchArgs& a, uint32_t* segment_begin) {
   }
 }
 
-// 16-byte loads in flight per lane while a warp pulls a row: 16 cover a 7 KiB E4M3 row (DeepSeek-V3's
-// hidden size) in one round trip; at decode each row's round trips are the pull's time.
-inline constexpr int kPullRowUnroll = 16;
-
 // Dynamic shared memory: (experts_per_rank * num_ranks + 1) u32.
 __global__ void pull(const DispatchArgs a) {
   extern __shared__ uint32_t segment_begin[];
@@ -252,7 +248,7 @@ __global__ void pull(const DispatchArgs a) {
     }
     const float weight =
         lane == 0 ? reinterpret_cast<const float*>(source_buffer + a.layout.topk_weights.offset)[token_topk] : 0.0f;
-    device::copy_row_vector<kPullRowUnroll>(source_buffer + a.layout.x.offset + uint64_t{token} * row_bytes,
+    device::copy_row_vector<device::kPullRowUnroll>(source_buffer + a.layout.x.offset + uint64_t{token} * row_bytes,
                                             a.view.local() + a.layout.l1_pool.offset + uint64_t{row} * row_bytes,
                                             row_bytes, lane);
     // Scales K-block-major: one TMA box then holds a GEMM tile's scales.
