@@ -12,24 +12,16 @@ namespace megamoe::device {
 
 enum class PullMethod { bulk, vector };
 
-inline constexpr uint32_t kPullSlotBytes = 128 * 1024;  // bulk: shared-memory slots per block, in bytes
-inline constexpr uint32_t kPullMaxStages = 32;          // bulk: at most this many slots
-inline constexpr int kPullStoresInFlight = 2;           // bulk: stores still reading slots while loads go on
-inline constexpr int kPullVectorThreads = 512;          // vector: 16 warps per block
+inline constexpr uint32_t kPullStages = 8;         // bulk: shared-memory slots per block
+inline constexpr int kPullStoresInFlight = 2;      // bulk: stores still reading slots while loads go on
+inline constexpr int kPullVectorThreads = 512;     // vector: 16 warps per block
 
-// Bulk: as many slots as kPullSlotBytes holds, so that shorter rows keep as many bytes in flight.
-MEGAMOE_HD uint32_t pull_stages(uint32_t item_bytes) {
-  const uint32_t fit = item_bytes == 0 ? kPullMaxStages : kPullSlotBytes / item_bytes;
-  return fit < kPullStoresInFlight + 1 ? kPullStoresInFlight + 1 : (fit > kPullMaxStages ? kPullMaxStages : fit);
-}
-
-// Dynamic shared memory: pull_stages(item) slots of rows.item_bytes(), then one mbarrier per slot.
+template <uint32_t kStages>
 __global__ void __launch_bounds__(32) pull_rows_bulk_kernel(PulledRows rows, uint32_t count) {
   extern __shared__ __align__(128) char slots[];
-  const uint32_t stages = pull_stages(rows.item_bytes());
-  auto* full = reinterpret_cast<uint64_t*>(slots + stages * rows.item_bytes());
+  __shared__ uint64_t full[kStages];
   if (threadIdx.x == 0) {
-    pull_rows_bulk<kPullStoresInFlight>(rows, blockIdx.x, count, gridDim.x, slots, full, stages);
+    pull_rows_bulk<kPullStoresInFlight>(rows, blockIdx.x, count, gridDim.x, slots, full, kStages);
   }
 }
 
@@ -49,7 +41,7 @@ __global__ void __launch_bounds__(kPullVectorThreads) pull_rows_vector_kernel(Pu
 inline cudaError_t launch_pull_rows(PullMethod method, const PulledRows& rows, uint32_t count, int blocks,
                                     cudaStream_t stream) {
   if (method == PullMethod::bulk) {
-    const auto kernel = pull_rows_bulk_kernel;
+    const auto kernel = pull_rows_bulk_kernel<kPullStages>;
     int device = 0, optin_bytes = 0;
     cudaFuncAttributes attributes{};
     cudaError_t status = cudaGetDevice(&device);
@@ -58,8 +50,7 @@ inline cudaError_t launch_pull_rows(PullMethod method, const PulledRows& rows, u
     if (status == cudaSuccess) status = cudaFuncGetAttributes(&attributes, kernel);
     if (status != cudaSuccess) return status;
     const int dynamic_limit = optin_bytes - static_cast<int>(attributes.sharedSizeBytes);
-    const uint32_t stages = pull_stages(rows.item_bytes());
-    const uint64_t shared_bytes = uint64_t{stages} * (rows.item_bytes() + sizeof(uint64_t));
+    const uint64_t shared_bytes = uint64_t{kPullStages} * rows.item_bytes();
     if (shared_bytes > static_cast<uint64_t>(dynamic_limit)) return cudaErrorInvalidValue;
     status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic_limit);
     if (status != cudaSuccess) return status;
