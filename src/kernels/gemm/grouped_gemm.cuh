@@ -68,18 +68,13 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
   }
   wait_for_prior_kernels();
   allow_next_kernel();
-  // The rank's timeout flag comes to shared memory from a thread that loads no group offset, so both
-  // loads share one round trip; the barrier after build publishes it. (A timed-out rank's offsets may
-  // be stale: the kernel stops before using them.)
-  if (thread == Config::kThreads - 1)
-    *smem.rank_flag() = first.watch.control != nullptr && device::rank_timed_out(first.watch.control);
+  if (first.watch.control != nullptr && device::rank_timed_out(first.watch.control)) return;
 
   TileScheduler<Config::kBlockN> scheduler;
   const bool two_jobs = jobs.num_jobs > 1;
   scheduler.build(first.groups, first.m_tiles, two_jobs ? jobs.job[1].args.groups : GroupRows{nullptr, 1, 0},
                   two_jobs ? jobs.job[1].args.m_tiles : 0, smem.scheduler(), thread, Config::kThreads);
   __syncthreads();
-  if (*smem.rank_flag() != 0) return;
   // Split K (kSplitsK, split_k.cuh): the host gives the other decode configs no capacity, and
   // tokens_on_m's constant 0 keeps its prefill kernels free of the plan.
   scheduler.plan_splits(first.k_blocks, two_jobs ? jobs.job[1].args.k_blocks : 0,

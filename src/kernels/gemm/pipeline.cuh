@@ -94,8 +94,7 @@ struct GemmConfig {
   static constexpr uint32_t kExchangeBytes =
       kLayout == TileLayout::weights_on_m ? (4 * kMathWarpgroups + 2) * kBlockN * 4 : 0;
   static constexpr uint32_t kSchedulerBytes = 2 * (kMaxGroups + 1) * 4;
-  // Word 0: split K's whether this CTA's unit was its tile's last; word 1: the rank's timeout flag.
-  static constexpr uint32_t kFlagBytes = 16;
+  static constexpr uint32_t kFlagBytes = 16;  // split K: whether this CTA's unit was its tile's last
   static constexpr uint32_t kMaxStages = 8;
   // Per stage, the index of the work unit whose first K block the stage holds (mainloop.cuh).
   static constexpr uint32_t kUnitSlotBytes = kMaxStages * 4;
@@ -175,7 +174,6 @@ struct SharedStorage {
   }
   __device__ uint32_t* scheduler() const { return reinterpret_cast<uint32_t*>(base + Config::kSchedulerOffset); }
   __device__ uint32_t* split_flag() const { return reinterpret_cast<uint32_t*>(base + Config::kFlagOffset); }
-  __device__ uint32_t* rank_flag() const { return reinterpret_cast<uint32_t*>(base + Config::kFlagOffset) + 1; }
   __device__ uint32_t* unit_slot(uint32_t stage) const {
     return reinterpret_cast<uint32_t*>(base + Config::kUnitSlotOffset) + stage;
   }
