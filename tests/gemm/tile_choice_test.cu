@@ -58,6 +58,23 @@ TEST(TileConfig, PrefillTilesKeepFourStages) {
   EXPECT_LE((GemmConfig<Bf16Policy, TileLayout::tokens_on_m, 128>::kSmemBytes), 227u * 1024);
 }
 
+// With store warps the L2 prefill tile stages whole 512-byte rows (128 tokens, 16 bytes of padding
+// each): three stages fit beside them, and the two warpgroups' staged-tile records.
+TEST(TileConfig, StoreWarpTilesStageWholeRowsBesideThreeStages) {
+  using Fp8Stores = GemmConfig<Fp8Policy, TileLayout::tokens_on_m, 128, true>;
+  using Bf16Stores = GemmConfig<Bf16Policy, TileLayout::tokens_on_m, 128, true>;
+  EXPECT_EQ(Fp8Stores::kL2StagingStride, 528u);
+  EXPECT_EQ(Fp8Stores::kStagingBytes, 128u * 528);
+  EXPECT_EQ(Fp8Stores::kStages, 3u);
+  EXPECT_EQ(Bf16Stores::kStages, 3u);
+  EXPECT_EQ(Fp8Stores::kStagedTileBytes, 32u);
+  EXPECT_EQ((GemmConfig<Fp8Policy, TileLayout::tokens_on_m, 128>::kStagedTileBytes), 0u);
+  EXPECT_LE(Fp8Stores::kSmemBytes, 227u * 1024);
+  EXPECT_LE(Bf16Stores::kSmemBytes, 227u * 1024);
+  EXPECT_EQ(Fp8Stores::kStagingOffset % 128, 0u);
+  EXPECT_TRUE(kRegistersFit<Fp8Stores>);
+}
+
 // setmaxnreg's split of the CTA's registers at launch (a request past them would hang the math
 // warps): 232 math registers, 216 beside fp8_fp4's prefill converter warpgroup, 176 beside its
 // decode tiles' two (11 converter warps with the producer warpgroup's idle three).

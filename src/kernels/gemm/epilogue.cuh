@@ -311,6 +311,10 @@ struct StoreEpilogue {
   // token 16 warp + t's (cp.async) into the free end of the token's staging row before the tile's
   // mainloop, so that nothing waits on the load and no register holds the sources through the
   // mainloop (with four per thread held there, fp8 L2 prefill took 1.01-1.04x the time).
+  //
+  // With store warps (Config::kStoreWarps, fp8 and bf16) the math warpgroup instead stages its
+  // tokens' whole rows and goes back to its wgmmas; store warp w copies them out (store_staged_tiles).
+  // Against the above with four stages: fp8 L2 0.97-1.02x the time, bf16 L2 0.95-0.97x (docs/gemm.md).
   static constexpr uint32_t kCopyTokens = 16 * (Config::kPassBytes / 16) / 32;
   static constexpr uint32_t kSourceOffset = Config::kPassBytes;  // in a staging row, past its data
   __device__ static uint32_t copy_token(uint32_t warpgroup, uint32_t warp, uint32_t lane, uint32_t j) {
@@ -319,7 +323,7 @@ struct StoreEpilogue {
   struct Prefetched {};
   __device__ Prefetched prefetch(const SharedStorage<Config>& smem, const Tile& tile, uint32_t warpgroup, uint32_t warp,
                                  uint32_t lane) const {
-    if constexpr (Config::kLayout == TileLayout::tokens_on_m) {
+    if constexpr (Config::kLayout == TileLayout::tokens_on_m && !Config::kStoreWarps) {
       static_assert(Config::kL2StagingStride >= kSourceOffset + sizeof(PoolSource), "no room for the pool source");
       const uint32_t token = 64 * warpgroup + 16 * warp + lane;
       if (lane < 16 && token < tile.rows && !destination.is_shared) {
@@ -357,52 +361,111 @@ struct StoreEpilogue {
                                                      });
       math_barrier<Config>();
     } else {
-      // Four passes of 64 features: acc[p / 2] registers [32 (p % 2), +32) hold features 64p... Each
-      // stmatrix stages 16 features of the warp's 16 tokens (two 8-feature groups, matrices 0 and 2
-      // their first 8 tokens, 1 and 3 the next 8): lane l addresses token l % 8 + 8 ((l / 8) % 2),
-      // group l / 16.
       const uint32_t warp_token = 64 * warpgroup + 16 * warp;
       const uint32_t valid_features = n_out - tile.m_tile * Config::kBlockM;
-      const uint32_t stmatrix_row = smem.staging_address() +
-                                    (warp_token + lane % 8 + 8 * ((lane / 8) % 2)) * Config::kL2StagingStride +
-                                    16 * (lane / 16);
-      const uint8_t* staging = smem.staging();
-      // The rows this lane copies, found once for all four passes from the sources its warp's lanes
-      // copied in (the first pass's stmatrix leaves the rows' last 16 bytes alone).
-      if (lane < 16 && warp_token + lane < tile.rows && !destination.is_shared) __pipeline_wait_prior(0);
-      __syncwarp();
-      uint16_t* rows[kCopyTokens];
+      const uint32_t stmatrix_row = stmatrix_address(smem, warp_token, lane);
+      if constexpr (Config::kStoreWarps) {
+        handoff_wait(rows_stored_barrier(warpgroup));
 #pragma unroll
-      for (uint32_t j = 0; j < kCopyTokens; ++j) {
-        const uint32_t token = copy_token(warpgroup, warp, lane, j);
-        const PoolSource source =
-            destination.is_shared
-                ? PoolSource{}
-                : *reinterpret_cast<const PoolSource*>(staging + token * Config::kL2StagingStride + kSourceOffset);
-        rows[j] = token < tile.rows ? destination.row(tile.row_begin + token, source) + tile.m_tile * Config::kBlockM
-                                    : nullptr;
-      }
-      const uint32_t part = lane % 8;
-#pragma unroll
-      for (uint32_t pass = 0; pass < 4; ++pass) {
-        if (64 * pass >= valid_features) break;  // the same for every thread
-        const uint32_t h = pass / 2, first = 32 * (pass % 2);
-#pragma unroll
-        for (uint32_t i = first; i < first + 32; i += 8)
-          ptx::stmatrix_x4(stmatrix_row + 4 * (i - first), to_bf16x2_bits(acc[h][i], acc[h][i + 1]),
-                           to_bf16x2_bits(acc[h][i + 2], acc[h][i + 3]), to_bf16x2_bits(acc[h][i + 4], acc[h][i + 5]),
-                           to_bf16x2_bits(acc[h][i + 6], acc[h][i + 7]));
+        for (uint32_t pass = 0; pass < 4; ++pass) {
+          if (64 * pass >= valid_features) break;  // the same for every thread
+          stage_pass(stmatrix_row + Config::kPassBytes * pass, acc, pass);
+        }
+        if (math_thread % 128 == 0)
+          *smem.staged_tile(warpgroup) = StagedTile{tile.job, tile.row_begin, tile.rows, tile.m_tile};
+        handoff_arrive(rows_staged_barrier(warpgroup));
+      } else {
+        const uint8_t* staging = smem.staging();
+        // The rows this lane copies, found once for all four passes from the sources its warp's lanes
+        // copied in (the first pass's stmatrix leaves the rows' last 16 bytes alone).
+        if (lane < 16 && warp_token + lane < tile.rows && !destination.is_shared) __pipeline_wait_prior(0);
         __syncwarp();
+        uint16_t* rows[kCopyTokens];
 #pragma unroll
         for (uint32_t j = 0; j < kCopyTokens; ++j) {
-          if (rows[j] == nullptr) continue;
           const uint32_t token = copy_token(warpgroup, warp, lane, j);
-          *reinterpret_cast<uint4*>(rows[j] + 64 * pass + 8 * part) =
-              *reinterpret_cast<const uint4*>(staging + token * Config::kL2StagingStride + 16 * part);
+          const PoolSource source =
+              destination.is_shared
+                  ? PoolSource{}
+                  : *reinterpret_cast<const PoolSource*>(staging + token * Config::kL2StagingStride + kSourceOffset);
+          rows[j] = token < tile.rows ? destination.row(tile.row_begin + token, source) + tile.m_tile * Config::kBlockM
+                                      : nullptr;
         }
-        __syncwarp();  // the staging rows are free for the next pass
+        const uint32_t part = lane % 8;
+#pragma unroll
+        for (uint32_t pass = 0; pass < 4; ++pass) {
+          if (64 * pass >= valid_features) break;  // the same for every thread
+          stage_pass(stmatrix_row, acc, pass);
+          __syncwarp();
+#pragma unroll
+          for (uint32_t j = 0; j < kCopyTokens; ++j) {
+            if (rows[j] == nullptr) continue;
+            const uint32_t token = copy_token(warpgroup, warp, lane, j);
+            *reinterpret_cast<uint4*>(rows[j] + 64 * pass + 8 * part) =
+                *reinterpret_cast<const uint4*>(staging + token * Config::kL2StagingStride + 16 * part);
+          }
+          __syncwarp();  // the staging rows are free for the next pass
+        }
       }
     }
+  }
+
+  // tokens_on_m: features are staged in passes of 64: acc[p / 2] registers [32 (p % 2), +32) hold
+  // features 64p... Each stmatrix stages 16 features of the warp's 16 tokens (two 8-feature groups,
+  // matrices 0 and 2 their first 8 tokens, 1 and 3 the next 8): lane l addresses token
+  // l % 8 + 8 ((l / 8) % 2), group l / 16.
+  __device__ static uint32_t stmatrix_address(const SharedStorage<Config>& smem, uint32_t warp_token, uint32_t lane) {
+    return smem.staging_address() + (warp_token + lane % 8 + 8 * ((lane / 8) % 2)) * Config::kL2StagingStride +
+           16 * (lane / 16);
+  }
+  __device__ static void stage_pass(uint32_t address, const float (&acc)[2][Config::kAccRegs], uint32_t pass) {
+    const uint32_t h = pass / 2, first = 32 * (pass % 2);
+#pragma unroll
+    for (uint32_t i = first; i < first + 32; i += 8)
+      ptx::stmatrix_x4(address + 4 * (i - first), to_bf16x2_bits(acc[h][i], acc[h][i + 1]),
+                       to_bf16x2_bits(acc[h][i + 2], acc[h][i + 3]), to_bf16x2_bits(acc[h][i + 4], acc[h][i + 5]),
+                       to_bf16x2_bits(acc[h][i + 6], acc[h][i + 7]));
+  }
+
+  // Store warp w (Config::kStoreWarps) copies out math warpgroup w's staged rows, tile by tile, until
+  // the warpgroup says it has no more (finish_staging). Each warp store is one token's 512-byte row.
+  template <class Jobs>
+  __device__ static void store_staged_tiles(const SharedStorage<Config>& smem, const Jobs& jobs, uint32_t warpgroup,
+                                            uint32_t lane) {
+    const uint8_t* staging = smem.staging();
+    const uint32_t first_token = 64 * warpgroup;
+    handoff_arrive(rows_stored_barrier(warpgroup));  // the staging rows start free
+    for (;;) {
+      handoff_wait(rows_staged_barrier(warpgroup));
+      const StagedTile staged = *smem.staged_tile(warpgroup);
+      if (staged.job == kNoStagedTile) break;
+      const StoreEpilogue& epilogue = jobs.job[staged.job].epilogue;
+      const uint32_t tokens = staged.rows > first_token ? min(staged.rows - first_token, 64u) : 0u;
+      const uint32_t first_row = staged.row_begin + first_token;
+      const uint32_t feature = staged.m_tile * Config::kBlockM;
+      const bool lane_stores = 8 * lane < epilogue.n_out - feature;
+      // Lane l finds the rows of tokens l and l + 32 (their pool-source loads in flight together);
+      // each token's row address then comes from its lane.
+      uint16_t* const low = lane < tokens ? epilogue.destination.row(first_row + lane) + feature : nullptr;
+      uint16_t* const high = lane + 32 < tokens ? epilogue.destination.row(first_row + lane + 32) + feature : nullptr;
+      const uint8_t* staged_row = staging + first_token * Config::kL2StagingStride + 16 * lane;
+#pragma unroll 8
+      for (uint32_t token = 0; token < tokens; ++token, staged_row += Config::kL2StagingStride) {
+        const uint64_t row = __shfl_sync(0xFFFFFFFFu, reinterpret_cast<uint64_t>(token < 32 ? low : high), token % 32);
+        if (lane_stores)
+          *(reinterpret_cast<uint4*>(row) + lane) = *reinterpret_cast<const uint4*>(staged_row);
+      }
+      handoff_arrive(rows_stored_barrier(warpgroup));
+    }
+    // Results may have gone to peers' buffers: as the math threads' fence at the kernel's end.
+    __threadfence_system();
+  }
+
+  // After a math warpgroup's last tile: tells its store warp there are no more.
+  __device__ static void finish_staging(const SharedStorage<Config>& smem, uint32_t warpgroup, uint32_t math_thread) {
+    handoff_wait(rows_stored_barrier(warpgroup));
+    if (math_thread % 128 == 0) smem.staged_tile(warpgroup)->job = kNoStagedTile;
+    handoff_arrive(rows_staged_barrier(warpgroup));
   }
 };
 

@@ -1,7 +1,7 @@
 // The persistent, warp-specialized grouped GEMM kernel: scheduler + mainloop + one epilogue.
 // Warpgroup 0 produces (one elected thread issues TMA; with packed fp8_fp4 weights its other three
-// warps expand them) with few registers; warpgroups 1 and 2 run wgmma and the epilogue with many
-// (setmaxnreg).
+// warps expand them; with store warps two of them store the L2 epilogue's rows) with few registers;
+// warpgroups 1 and 2 run wgmma and the epilogue with many (setmaxnreg).
 #pragma once
 
 #include <cuda.h>
@@ -86,6 +86,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
       if (lane == 0) produce<Config>(smem, scheduler, jobs);
     } else if constexpr (Config::kConverterWarps > 0) {
       convert_weights<Config>(smem, scheduler, jobs, thread - 32, lane);
+    } else if constexpr (Config::kStoreWarps) {
+      if (warp <= Config::kMathWarpgroups) Epilogue::store_staged_tiles(smem, jobs, warp - 1, lane);
     }
     return;
   }
@@ -124,6 +126,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
     }
     job.epilogue.apply(smem, tile, acc, prefetched, math_warpgroup, warp, lane, math_thread);
   }
+  if constexpr (Config::kStoreWarps) Epilogue::finish_staging(smem, math_warpgroup, math_thread);
   // Results may have gone to peers' buffers: make them visible system-wide before whatever barrier
   // the next kernel crosses.
   __threadfence_system();

@@ -91,6 +91,14 @@ void launch_config(std::span<const Job> jobs, int grid, cudaStream_t stream) {
                "grouped GEMM launch");
 }
 
+// Which epilogues hand their prefill rows to store warps (GemmConfig::kStoreWarps): the L2 one.
+template <template <class> class EpilogueFor>
+inline constexpr bool kStoreWarpsFor = false;
+template <class Config>
+struct StoreEpilogueFor;
+template <>
+inline constexpr bool kStoreWarpsFor<StoreEpilogueFor> = true;
+
 void validate_jobs(std::span<const GemmOperands* const> operands, uint32_t element_bytes, bool scaled);
 void validate_packed_weights(const GemmOperands& operands);
 
@@ -108,7 +116,12 @@ void launch_policy(std::span<const Job> jobs, int grid, cudaStream_t stream) {
   const auto launch = [&](auto config) { launch_config<decltype(config), EpilogueFor>(jobs, grid, stream); };
   const GemmOperands& first = jobs[0].operands;
   const TileShape shape = choose_tile(first.expected_rows_per_group, first.num_groups, Policy::kRecipe);
-  if (shape.layout == TileLayout::tokens_on_m) return launch(GemmConfig<Policy, TileLayout::tokens_on_m, 128>{});
+  if (shape.layout == TileLayout::tokens_on_m) {
+    if constexpr (kStoreWarpsFor<EpilogueFor> && !Policy::kPackedWeights)
+      return launch(GemmConfig<Policy, TileLayout::tokens_on_m, 128, true>{});
+    else
+      return launch(GemmConfig<Policy, TileLayout::tokens_on_m, 128>{});
+  }
   if (shape.block_n == 16) return launch(GemmConfig<Policy, TileLayout::weights_on_m, 16>{});
   return launch(GemmConfig<Policy, TileLayout::weights_on_m, 64>{});
 }

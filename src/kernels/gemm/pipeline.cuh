@@ -31,10 +31,17 @@ enum class TileLayout {
   tokens_on_m,
 };
 
-template <class Policy_, TileLayout kLayout_, uint32_t kBlockN_>
+// kStoreWarps_ (tokens_on_m L2 without packed weights): each math warpgroup stages its whole share of
+// the tile's BF16 rows and goes back to its wgmmas, and a store warp of the producer warpgroup (idle
+// without packed weights) copies them to their destinations (epilogue.cuh). The full-tile staging
+// area costs the ring its fourth stage.
+template <class Policy_, TileLayout kLayout_, uint32_t kBlockN_, bool kStoreWarps_ = false>
 struct GemmConfig {
   using Policy = Policy_;
   static constexpr TileLayout kLayout = kLayout_;
+  static constexpr bool kStoreWarps = kStoreWarps_;
+  static_assert(!kStoreWarps || (kLayout == TileLayout::tokens_on_m && !Policy::kPackedWeights),
+                "store warps serve tokens_on_m tiles, from the producer warpgroup's idle warps");
   static constexpr uint32_t kBlockM = 256;        // weight rows per tile
   static constexpr uint32_t kBlockN = kBlockN_;   // tokens per tile
   static constexpr uint32_t kBlockK = Policy::kBlockK;
@@ -82,12 +89,14 @@ struct GemmConfig {
   // Epilogue staging: one row per token, padded by 16 bytes so the transposing stores spread over banks.
   // weights_on_m stages whole rows (128 output channels of L1, 256 features of L2). tokens_on_m
   // stages 128 bytes of each row per pass (L1: 128 E4M3 or 64 BF16 channels; L2: 64 features), which
-  // leaves room for a fourth stage; the passes' global stores are still whole 16-byte chunks.
+  // leaves room for a fourth stage; the passes' global stores are still whole 16-byte chunks. With
+  // store warps, tokens_on_m L2 stages whole rows, so the math warpgroups never wait for the stores.
   static constexpr uint32_t kPassBytes = 128;
   static constexpr uint32_t kL1StagingChannels =
       kLayout == TileLayout::weights_on_m ? 128 : kPassBytes / Policy::kElementBytes;
   static constexpr uint32_t kL1StagingStride = kL1StagingChannels * Policy::kElementBytes + 16;
-  static constexpr uint32_t kL2StagingStride = (kLayout == TileLayout::weights_on_m ? kBlockM * 2 : kPassBytes) + 16;
+  static constexpr uint32_t kL2StagingStride =
+      (kLayout == TileLayout::weights_on_m || kStoreWarps ? kBlockM * 2 : kPassBytes) + 16;
   static constexpr uint32_t kStagingBytes =
       kBlockN * (kL1StagingStride > kL2StagingStride ? kL1StagingStride : kL2StagingStride);
   // weights_on_m spreads a token's channels over all 8 math warps: per-warp amax parts + scales.
@@ -98,11 +107,13 @@ struct GemmConfig {
   static constexpr uint32_t kMaxStages = 8;
   // Per stage, the index of the work unit whose first K block the stage holds (mainloop.cuh).
   static constexpr uint32_t kUnitSlotBytes = kMaxStages * 4;
+  // Store warps: per math warpgroup, the tile whose rows it has staged (StagedTile).
+  static constexpr uint32_t kStagedTileBytes = kStoreWarps ? 16 * kMathWarpgroups : 0;
 
   static constexpr uint32_t kSmemLimit = 227 * 1024;
   static constexpr uint32_t kFixedBytes = 1024 /* alignment slack */ + kStagingBytes + kExchangeBytes +
-                                          kSchedulerBytes + kFlagBytes + kUnitSlotBytes + kTableBytes +
-                                          4 * kMaxStages * 16 /* barriers */;
+                                          kSchedulerBytes + kFlagBytes + kUnitSlotBytes + kStagedTileBytes +
+                                          kTableBytes + 4 * kMaxStages * 16 /* barriers */;
   static constexpr uint32_t kStageBytes = kWeightBytes + kTokenBytes + kScaleStride + kRawStride;
   static constexpr uint32_t kStagesFit = (kSmemLimit - kFixedBytes) / kStageBytes;
   static constexpr uint32_t kStages = kStagesFit > kMaxStages ? kMaxStages : kStagesFit;
@@ -121,12 +132,22 @@ struct GemmConfig {
   static constexpr uint32_t kSchedulerOffset = kTableOffset + kTableBytes;
   static constexpr uint32_t kFlagOffset = kSchedulerOffset + kSchedulerBytes;
   static constexpr uint32_t kUnitSlotOffset = kFlagOffset + kFlagBytes;
-  static constexpr uint32_t kExchangeOffset = kUnitSlotOffset + kUnitSlotBytes;
+  static constexpr uint32_t kStagedTileOffset = kUnitSlotOffset + kUnitSlotBytes;
+  static constexpr uint32_t kExchangeOffset = kStagedTileOffset + kStagedTileBytes;
   static constexpr uint32_t kStagingOffset = (kExchangeOffset + kExchangeBytes + 127) / 128 * 128;
   static constexpr uint32_t kSmemBytes = kStagingOffset + kStagingBytes + 1024;
   static_assert(kSmemBytes <= kSmemLimit, "shared memory budget exceeded");
   static_assert(kTokenBytes % 1024 == 0, "token tiles must be whole 8-row swizzle atoms");
 };
+
+// Store warps: the tile whose rows a math warpgroup has staged, or job kNoStagedTile once it has no more.
+struct StagedTile {
+  uint32_t job;
+  uint32_t row_begin;
+  uint32_t rows;
+  uint32_t m_tile;
+};
+inline constexpr uint32_t kNoStagedTile = ~0u;
 
 template <class Config>
 struct SharedStorage {
@@ -176,6 +197,9 @@ struct SharedStorage {
   __device__ uint32_t* split_flag() const { return reinterpret_cast<uint32_t*>(base + Config::kFlagOffset); }
   __device__ uint32_t* unit_slot(uint32_t stage) const {
     return reinterpret_cast<uint32_t*>(base + Config::kUnitSlotOffset) + stage;
+  }
+  __device__ StagedTile* staged_tile(uint32_t math_warpgroup) const {
+    return reinterpret_cast<StagedTile*>(base + Config::kStagedTileOffset) + math_warpgroup;
   }
   __device__ float* exchange() const { return reinterpret_cast<float*>(base + Config::kExchangeOffset); }
   __device__ uint8_t* staging() const { return base + Config::kStagingOffset; }
@@ -268,6 +292,20 @@ __device__ __forceinline__ void math_barrier() {
 // their own warpgroup's token rows, so the two warpgroups never wait for each other there.
 __device__ __forceinline__ void warpgroup_barrier(uint32_t math_warpgroup) {
   asm volatile("bar.sync %0, 128;" ::"r"(2 + math_warpgroup) : "memory");
+}
+
+// Store warps: math warpgroup w hands its staged rows to store warp w through named barriers 5 + w
+// (rows staged) and 7 + w (rows stored: the staging rows are free again), each counting the
+// warpgroup's 128 threads and the warp's 32. The waiting side then sees the arriving side's
+// shared-memory accesses done (the arrive orders them before it).
+inline constexpr uint32_t kHandoffThreads = 128 + 32;
+__device__ __forceinline__ uint32_t rows_staged_barrier(uint32_t math_warpgroup) { return 5 + math_warpgroup; }
+__device__ __forceinline__ uint32_t rows_stored_barrier(uint32_t math_warpgroup) { return 7 + math_warpgroup; }
+__device__ __forceinline__ void handoff_arrive(uint32_t barrier) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(barrier), "n"(kHandoffThreads) : "memory");
+}
+__device__ __forceinline__ void handoff_wait(uint32_t barrier) {
+  asm volatile("bar.sync %0, %1;" ::"r"(barrier), "n"(kHandoffThreads) : "memory");
 }
 
 // tokens_on_m staggers the math warpgroups by kStaggerKBlocks K blocks (named barrier 4):
