@@ -314,7 +314,8 @@ struct StoreEpilogue {
   //
   // With store warps (Config::kStoreWarps, fp8 and bf16) the math warpgroup instead stages its
   // tokens' whole rows and goes back to its wgmmas; store warp w copies them out (store_staged_tiles).
-  // Against the above with four stages: fp8 L2 0.97-1.02x the time, bf16 L2 0.95-0.97x (docs/gemm.md).
+  // Against the above with four stages: fp8 L2 0.97-1.02x the time, bf16 L2 0.95-0.97x, and fp8 L2
+  // 0.97-1.00x more without the warpgroup stagger (docs/gemm.md).
   static constexpr uint32_t kCopyTokens = 16 * (Config::kPassBytes / 16) / 32;
   static constexpr uint32_t kSourceOffset = Config::kPassBytes;  // in a staging row, past its data
   __device__ static uint32_t copy_token(uint32_t warpgroup, uint32_t warp, uint32_t lane, uint32_t j) {
@@ -445,7 +446,9 @@ struct StoreEpilogue {
       const uint32_t feature = staged.m_tile * Config::kBlockM;
       const bool lane_stores = 8 * lane < epilogue.n_out - feature;
       // Lane l finds the rows of tokens l and l + 32 (their pool-source loads in flight together);
-      // each token's row address then comes from its lane.
+      // each token's row address then comes from its lane. (Finding each row inside the loop, a
+      // dependent load and a division by top-k per token, left the store warp behind its
+      // warpgroup: fp8 L2 took 1.19-1.31x the time.)
       uint16_t* const low = lane < tokens ? epilogue.destination.row(first_row + lane) + feature : nullptr;
       uint16_t* const high = lane + 32 < tokens ? epilogue.destination.row(first_row + lane + 32) + feature : nullptr;
       const uint8_t* staged_row = staging + first_token * Config::kL2StagingStride + 16 * lane;
