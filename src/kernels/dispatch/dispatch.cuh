@@ -248,9 +248,9 @@ __global__ void pull(const DispatchArgs a) {
     }
     const float weight =
         lane == 0 ? reinterpret_cast<const float*>(source_buffer + a.layout.topk_weights.offset)[token_topk] : 0.0f;
-    device::copy_row_vector<device::kPullRowUnroll>(source_buffer + a.layout.x.offset + uint64_t{token} * row_bytes,
-                                            a.view.local() + a.layout.l1_pool.offset + uint64_t{row} * row_bytes,
-                                            row_bytes, lane);
+    device::copy_row_vector<device::kPullRowUnroll>(
+        source_buffer + a.layout.x.offset + uint64_t{token} * row_bytes,
+        a.view.local() + a.layout.l1_pool.offset + uint64_t{row} * row_bytes, row_bytes, lane);
     // Scales K-block-major: one TMA box then holds a GEMM tile's scales.
     if (scaled) {
 #pragma unroll
