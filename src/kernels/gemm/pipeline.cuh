@@ -309,10 +309,11 @@ __device__ __forceinline__ void handoff_wait(uint32_t barrier) {
 }
 
 // tokens_on_m staggers the math warpgroups by kStaggerKBlocks K blocks (named barrier 4):
-// warpgroup 1 starts once warpgroup 0 has begun its first tile's K block kStaggerKBlocks. The ring
-// keeps them within kStages of each other, so the lag persists, and each one's epilogue then
-// overlaps the other's wgmmas instead of both leaving the tensor cores idle at once. (Not with store
-// warps, whose epilogue is a few stmatrix: grouped_gemm.cuh.)
+// warpgroup 1 starts once warpgroup 0 has begun its first tile's K block kStaggerKBlocks (fp8: once
+// that K block's first half has completed, mainloop.cuh). The ring keeps them within kStages of
+// each other, so the lag persists, and each one's epilogue then overlaps the other's wgmmas instead
+// of both leaving the tensor cores idle at once. (Not with store warps, whose epilogue is a few
+// stmatrix: grouped_gemm.cuh.)
 inline constexpr uint32_t kStaggerKBlocks = 2;
 __device__ __forceinline__ void stagger_arrive() { asm volatile("bar.arrive 4, 256;" ::: "memory"); }
 __device__ __forceinline__ void stagger_wait() { asm volatile("bar.sync 4, 256;" ::: "memory"); }
