@@ -12,7 +12,11 @@
 // Decode rows also time one launch that only reads as many bytes as the row's weights, from the same
 // buffer and a flushed L2 (same_bytes_read_us, weight_gbps_vs_same_bytes_read): the launch, ramp-up
 // and tail costs that no kernel streaming those bytes avoids, which the 1 GiB copy rate leaves out.
+// With --energy S, prefill rows also read the board's energy counter over S seconds of back-to-back
+// launches of each (two rounds, taking turns): joules per launch and average watts of the row and of
+// its products (joules_vs_dense_same_shape, ...): at the board's power cap time follows energy.
 //   megamoe_gemm_bench [--out FILE.json] [--recipes fp8,fp8_fp4,bf16] [--experts 32,128] [--tokens 1,4,...]
+//                      [--routing uniform,skewed,random] [--tile-rows N] [--energy SECONDS]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -28,6 +32,7 @@
 #include <vector>
 
 #include "bench/common/ceilings.h"
+#include "bench/common/energy.h"
 #include "bench/common/report.h"
 #include "kernels/gemm/gemm.h"
 #include "megamoe/error.h"
@@ -103,6 +108,7 @@ int main(int argc, char** argv) {
   std::vector<uint32_t> expert_counts = {32, 128};
   std::vector<uint32_t> token_counts = {1, 4, 16, 64, 256, 1024, 4096};
   uint32_t tile_rows = 0;  // the rows per expert the tile heuristic is told (0: the row's own)
+  double energy_seconds = 0;  // prefill rows: seconds of back-to-back launches per energy reading (0: none)
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const bool has_value = i + 1 < argc;
@@ -112,9 +118,10 @@ int main(int argc, char** argv) {
     else if (arg == "--tile-rows" && has_value) tile_rows = static_cast<uint32_t>(std::stoul(argv[++i]));
     else if (arg == "--recipes" && has_value) recipes = parse_names(argv[++i]);
     else if (arg == "--routing" && has_value) routings = parse_names(argv[++i]);
+    else if (arg == "--energy" && has_value) energy_seconds = std::stod(argv[++i]);
     else {
       std::fprintf(stderr, "usage: %s [--out FILE] [--recipes fp8,fp8_fp4,bf16] [--experts 32,128] [--tokens 1,4,...] "
-                   "[--routing uniform,skewed,random] [--tile-rows N]\n",
+                   "[--routing uniform,skewed,random] [--tile-rows N] [--energy SECONDS]\n",
                    argv[0]);
       return 2;
     }
@@ -140,6 +147,8 @@ int main(int argc, char** argv) {
     cudaStream_t stream;
     cuda_ok(cudaStreamCreate(&stream), "cudaStreamCreate");
     const L2Flush flush;
+    const EnergyCounter energy;
+    require(energy_seconds <= 0 || energy.available(), "--energy", "needs NVML's energy counter (libnvidia-ml.so.1)");
     const uint32_t max_experts = *std::max_element(expert_counts.begin(), expert_counts.end());
     const uint32_t max_tokens = *std::max_element(token_counts.begin(), token_counts.end());
     const uint64_t max_rows = align_up(uint64_t{max_experts} * max_tokens + 256, 256);
@@ -242,6 +251,7 @@ int main(int argc, char** argv) {
                     std::make_unique<DenseGemm>(max_rows, stage.n_out, stage.k, true, DenseScaling::blocks);
               operands.split_workspace = {split_workspace, kGemmSplitWorkspaceBytes};
               double us = 0.0, us_warm = 0.0, same_shape_tflops = 0.0, same_shape_blocks_tflops = 0.0;
+              std::vector<LaunchEnergy> energies;  // --energy: the row's launch, then the products
               if (decode) {
                 us = time_cold_us(run, stream, flush, repeats, 2);
                 us_warm = time_us(run, stream, repeats, 2);
@@ -256,6 +266,7 @@ int main(int argc, char** argv) {
                 same_shape_tflops = same_shape->tflops_at(total_rows, medians[1]);
                 if (scaled)
                   same_shape_blocks_tflops = blocks ? same_shape_blocks->tflops_at(total_rows, medians[2]) : std::nan("");
+                if (energy_seconds > 0) energies = energy_per_launch(energy, works, medians, stream, energy_seconds, 2);
               }
               operands.split_workspace = {};
               DeviceError recorded{};
@@ -294,6 +305,14 @@ int main(int argc, char** argv) {
                 if (scaled) {
                   row.emplace_back("dense_blocks_same_shape_tflops", same_shape_blocks_tflops);
                   row.emplace_back("tflops_vs_dense_blocks_same_shape", tflops / same_shape_blocks_tflops);
+                }
+                // Same shape, so the same work: the ratios of joules per launch compare energy per FLOP.
+                static const char* const kProducts[] = {"", "dense_same_shape", "dense_blocks_same_shape"};
+                for (size_t w = 0; w < energies.size(); ++w) {
+                  const std::string prefix = w == 0 ? "" : std::string(kProducts[w]) + "_";
+                  row.emplace_back(prefix + "joules", energies[w].joules);
+                  row.emplace_back(prefix + "watts", energies[w].watts);
+                  if (w > 0) row.emplace_back("joules_vs_" + std::string(kProducts[w]), energies[0].joules / energies[w].joules);
                 }
               }
               report.rows.push_back(std::move(row));
