@@ -29,7 +29,9 @@ EnergyCounter::EnergyCounter() {
   const auto init = symbol<int (*)()>(library_, "nvmlInit_v2");
   const auto by_bus_id = symbol<int (*)(const char*, void**)>(library_, "nvmlDeviceGetHandleByPciBusId_v2");
   total_energy_ = symbol<int (*)(void*, unsigned long long*)>(library_, "nvmlDeviceGetTotalEnergyConsumption");
-  if (init == nullptr || by_bus_id == nullptr || total_energy_ == nullptr || init() != kNvmlSuccess) return;
+  if (init == nullptr || by_bus_id == nullptr || total_energy_ == nullptr) return;
+  initialized_ = init() == kNvmlSuccess;
+  if (!initialized_) return;
   int cuda_device = 0;
   char bus_id[32] = {};
   cuda_ok(cudaGetDevice(&cuda_device), "cudaGetDevice");
@@ -41,7 +43,8 @@ EnergyCounter::EnergyCounter() {
 
 EnergyCounter::~EnergyCounter() {
   if (library_ == nullptr) return;
-  if (const auto shutdown = symbol<int (*)()>(library_, "nvmlShutdown")) shutdown();
+  if (initialized_)
+    if (const auto shutdown = symbol<int (*)()>(library_, "nvmlShutdown")) shutdown();
   dlclose(library_);
 }
 

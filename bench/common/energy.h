@@ -27,6 +27,7 @@ class EnergyCounter {
 
  private:
   void* library_ = nullptr;
+  bool initialized_ = false;  // nvmlInit succeeded: nvmlShutdown is owed
   void* device_ = nullptr;
   int (*total_energy_)(void*, unsigned long long*) = nullptr;
 };
@@ -37,8 +38,10 @@ struct LaunchEnergy {
 };
 
 // Each of `works` launched back to back for `seconds`, `rounds` times, the works taking turns
-// (a, b, c, a, b, c, ...) as interleaved_us does, so that all see the same power state; launches go
-// in batches of about 20 ms of work (`expected_us` per launch), with a synchronization after each.
+// (a, b, c, a, b, c, ...) so that a drift of the board's temperature over the run falls on all of
+// them. Unlike interleaved_us, each window is long enough for the work to run in its own steady
+// power state. Launches go in batches of about 20 ms of work (`expected_us` per launch), with a
+// synchronization after each.
 std::vector<LaunchEnergy> energy_per_launch(const EnergyCounter& counter, std::span<const std::function<void()>> works,
                                             std::span<const double> expected_us, cudaStream_t stream, double seconds,
                                             int rounds);
