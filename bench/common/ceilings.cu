@@ -14,11 +14,13 @@
 #include "megamoe/formats.h"
 
 namespace megamoe::bench {
-namespace {
 
 void cuda_ok(cudaError_t status, const char* what) {
   require(status == cudaSuccess, what, "failed: ", cudaGetErrorString(status));
 }
+
+namespace {
+
 void cublas_ok(cublasStatus_t status, const char* what) {
   require(status == CUBLAS_STATUS_SUCCESS, what, "failed with cuBLAS status ", static_cast<int>(status));
 }

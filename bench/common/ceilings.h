@@ -11,6 +11,9 @@
 
 namespace megamoe::bench {
 
+// Throws megamoe::Error naming `what` when a CUDA call did not succeed.
+void cuda_ok(cudaError_t status, const char* what);
+
 // Fills `count` elements with random finite values (never zeros: they hide unwritten outputs and run
 // faster than real data): E4M3 codes of uniform [-448, 448), or BF16 of uniform [-magnitude, magnitude).
 void fill_random(void* data, uint64_t count, bool bf16, float bf16_magnitude, uint64_t seed, cudaStream_t stream);

@@ -5,16 +5,13 @@
 #include <algorithm>
 #include <chrono>
 
+#include "bench/common/ceilings.h"
 #include "megamoe/error.h"
 
 namespace megamoe::bench {
 namespace {
 
 constexpr int kNvmlSuccess = 0;
-
-void cuda_ok(cudaError_t status, const char* what) {
-  require(status == cudaSuccess, what, "failed: ", cudaGetErrorString(status));
-}
 
 template <class Function>
 Function symbol(void* library, const char* name) {

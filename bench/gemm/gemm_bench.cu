@@ -43,10 +43,6 @@ namespace {
 
 constexpr uint32_t kHidden = 7168, kIntermediate = 2048;
 
-void cuda_ok(cudaError_t status, const char* what) {
-  require(status == cudaSuccess, what, "failed: ", cudaGetErrorString(status));
-}
-
 template <typename T>
 T* device_alloc(uint64_t count) {
   T* pointer = nullptr;
