@@ -59,6 +59,15 @@ double time_cold_us(const std::function<void()>& work, cudaStream_t stream, cons
 double hbm_read_us(const void* data, uint64_t bytes, cudaStream_t stream, const L2Flush& flush, int repeats = 10,
                    int warmups = 2);
 
+// Time in microseconds of one launch that streams weight tiles from HBM as the decode GEMM's producer
+// does (TMA boxes of 256 rows x 128 bytes, 128-byte swizzle, a ring of six 32 KiB stages per SM),
+// with no math, no epilogue, and the (tile, K block) boxes split evenly over every SM. `weights` has
+// `rows` rows of `row_bytes`; tile_rows holds each tile's first row. Timed as time_cold_us: what a
+// GEMM streaming those tiles could reach at best, which the same-bytes read (a flat, sequential
+// read) does not show.
+double tile_stream_us(const void* weights, uint64_t rows, uint64_t row_bytes, std::span<const uint32_t> tile_rows,
+                      cudaStream_t stream, const L2Flush& flush, int repeats = 10, int warmups = 2);
+
 // Device-to-device copy of 1 GiB, counting bytes read plus written.
 double hbm_copy_gbps();
 // Dense 8192^3 matrix products through cuBLASLt: FP8 E4M3 (per-tensor scales, FP32 accumulation,

@@ -11,7 +11,9 @@
 // cuBLASLt promotes as our kernel does (dense_blocks_same_shape_tflops, tflops_vs_dense_blocks_same_shape).
 // Decode rows also time one launch that only reads as many bytes as the row's weights, from the same
 // buffer and a flushed L2 (same_bytes_read_us, weight_gbps_vs_same_bytes_read): the launch, ramp-up
-// and tail costs that no kernel streaming those bytes avoids, which the 1 GiB copy rate leaves out.
+// and tail costs that no kernel streaming those bytes avoids, which the 1 GiB copy rate leaves out;
+// and one launch that streams the row's weight tiles as our decode producer does, with no math and
+// the tiles' K blocks split evenly over the SMs (tile_stream_us, weight_gbps_vs_tile_stream).
 // With --energy S, prefill rows also read the board's energy counter over S seconds of back-to-back
 // launches of each (two rounds, taking turns): joules per launch and average watts of the row and of
 // its products (joules_vs_dense_same_shape, ...): at the board's power cap time follows energy.
@@ -276,6 +278,16 @@ int main(int argc, char** argv) {
                   decode ? hbm_read_us(weights, std::min<uint64_t>(static_cast<uint64_t>(weight_bytes), weight_storage) / 16 * 16,
                                        stream, flush, repeats, 2)
                          : 0.0;
+              // The active experts' weight tiles streamed with no math, split evenly over the grid.
+              double tile_stream = 0.0;
+              if (decode) {
+                std::vector<uint32_t> tile_rows;
+                for (uint32_t e = 0; e < experts; ++e)
+                  for (uint32_t m = 0; rows[e] > 0 && m < stage.n_out / 256; ++m) tile_rows.push_back(e * stage.n_out + 256 * m);
+                const uint64_t row_bytes = packed ? stage.k / 2 : uint64_t{stage.k} * element_bytes;
+                tile_stream = tile_stream_us(weights, uint64_t{max_experts} * stage.n_out, row_bytes, tile_rows, stream,
+                                             flush, repeats, 2);
+              }
               const double tflops = flops / (us * 1e-6) / 1e12;
               const double weight_gbps = weight_bytes / (us * 1e-6) / 1e9;
               Row row{{"recipe", recipe_name},
@@ -295,6 +307,8 @@ int main(int argc, char** argv) {
                 row.emplace_back("us_warm", us_warm);
                 row.emplace_back("same_bytes_read_us", same_bytes_read_us);
                 row.emplace_back("weight_gbps_vs_same_bytes_read", same_bytes_read_us / us);
+                row.emplace_back("tile_stream_us", tile_stream);
+                row.emplace_back("weight_gbps_vs_tile_stream", tile_stream / us);
               } else {
                 row.emplace_back("dense_same_shape_tflops", same_shape_tflops);
                 row.emplace_back("tflops_vs_dense_same_shape", tflops / same_shape_tflops);
@@ -315,8 +329,10 @@ int main(int argc, char** argv) {
               std::fprintf(stderr, "%s %s E=%u t=%u %s: %.1f us, %.0f TFLOP/s, %.0f GB/s of weights", recipe_name.c_str(),
                            stage.name, experts, tokens, routing.c_str(), us, tflops, weight_gbps);
               if (decode)
-                std::fprintf(stderr, " (warm L2, host time included: %.1f us; reading the same bytes alone %.1f us)\n",
-                             us_warm, same_bytes_read_us);
+                std::fprintf(stderr,
+                             " (warm L2, host time included: %.1f us; reading the same bytes alone %.1f us, streaming"
+                             " the same tiles alone %.1f us)\n",
+                             us_warm, same_bytes_read_us, tile_stream);
               else
                 std::fprintf(stderr, ", dense at this shape %.0f TFLOP/s (with fp8 block scales %.0f)\n",
                              same_shape_tflops, same_shape_blocks_tflops);

@@ -8,16 +8,11 @@
 
 #include "kernels/gemm/gemm.h"
 #include "kernels/gemm/grouped_gemm.cuh"
+#include "kernels/gemm/tensor_map.h"
 #include "kernels/overlapped_launch.cuh"
 #include "megamoe/error.h"
 
 namespace megamoe::gemm {
-
-// cuTensorMapEncodeTiled through the runtime's driver entry point, so binaries do not link libcuda
-// (CI machines without a driver still load them).
-CUtensorMap make_tensor_map_2d(const void* base, CUtensorMapDataType type, uint64_t inner, uint64_t outer,
-                               uint64_t row_stride_bytes, uint32_t box_inner, uint32_t box_outer,
-                               CUtensorMapSwizzle swizzle, const char* what);
 
 void check_launch(cudaError_t status, const char* what);
 
