@@ -28,18 +28,12 @@ struct StreamParams {
   uint32_t k_blocks;  // 128-byte boxes per row
 };
 
-__device__ __forceinline__ uint64_t now_ns() {
-  uint64_t ns;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-  return ns;
-}
-
 // Waits for a phase of `barrier`; after kWaitTimeoutNs it reports what it waited for and traps.
 __device__ __forceinline__ void wait_phase(uint64_t* barrier, uint32_t parity, const char* what, uint32_t stage) {
   if (cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) return;
-  const uint64_t start = now_ns();
+  const uint64_t start = cuda::ptx::get_sreg_globaltimer();
   while (!cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) {
-    if (now_ns() - start > kWaitTimeoutNs) {
+    if (cuda::ptx::get_sreg_globaltimer() - start > kWaitTimeoutNs) {
       printf("tile_stream: block %d timed out waiting for the %s barrier of stage %u (parity %u)\n", blockIdx.x, what,
              stage, parity);
       __trap();
