@@ -217,7 +217,7 @@ int main(int argc, char** argv) {
               operands.act_scales = scaled ? act_scales : nullptr;
               operands.act_rows = static_cast<uint32_t>(max_rows);
               operands.groups = gemm::GroupRows{prefix, experts, 0};
-              operands.expected_rows_per_group = tile_rows > 0 ? tile_rows : tokens;
+              operands.tile = gemm::choose_tile(tile_rows > 0 ? tile_rows : tokens, experts, recipe);
               operands.timeout_ns = 10'000'000'000ull;
               operands.control = control;
               const uint64_t total_rows = host_prefix.back();
@@ -240,7 +240,7 @@ int main(int argc, char** argv) {
               // hidden behind the flush (time_cold_us), and also as before (us_warm: warm L2, host
               // time included). Also timed without the split-K workspace (tiles never split), as the
               // same-run baseline of split K.
-              const gemm::TileShape tile = gemm::choose_tile(operands.expected_rows_per_group, experts, recipe);
+              const gemm::TileShape tile = operands.tile;
               const bool decode = tile.layout == gemm::TileLayout::weights_on_m;
               const double us_unsplit = decode ? time_cold_us(run, stream, flush, repeats, 2) : 0.0;
               if (!decode && !same_shape) same_shape = std::make_unique<DenseGemm>(max_rows, stage.n_out, stage.k, scaled);

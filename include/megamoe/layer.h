@@ -43,6 +43,14 @@ struct LayerWeights {
   TensorView shared_w2_shifts;  // fp8_fp4: [SI / 128, hidden, 4]
 };
 
+// Options of one call.
+struct CallOptions {
+  // staged: six launches in sequence; fused: one persistent launch (kernels/fused) in which dispatch,
+  // both GEMMs and combine overlap. Both compute the same steps; their tile shapes (and split K,
+  // staged only) may differ, which moves FP32 sums by rounding.
+  Schedule schedule = Schedule::staged;
+};
+
 // Views of the buffer's own input regions: a caller that writes x, x_scales and topk_weights there
 // saves the copy the layer otherwise makes (peers read these rows from this rank's buffer).
 LayerInputs buffer_input_views(const SymmBuffer& buffer, int32_t num_tokens, const TensorView& topk_idx);
@@ -52,13 +60,14 @@ LayerInputs buffer_input_views(const SymmBuffer& buffer, int32_t num_tokens, con
 // Errors found on the device (an expert id outside [-1, num_experts), a stuck wait) are recorded in
 // the buffer; SymmBuffer::check_device_error reports them.
 void fp8_mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
-                  cudaStream_t stream, const TensorView& recv_stats = {});
+                  cudaStream_t stream, const TensorView& recv_stats = {}, const CallOptions& options = {});
 void fp8_fp4_mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights,
-                      const TensorView& y, cudaStream_t stream, const TensorView& recv_stats = {});
+                      const TensorView& y, cudaStream_t stream, const TensorView& recv_stats = {},
+                      const CallOptions& options = {});
 void bf16_mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
-                   cudaStream_t stream, const TensorView& recv_stats = {});
+                   cudaStream_t stream, const TensorView& recv_stats = {}, const CallOptions& options = {});
 // Whichever of the three the buffer's recipe calls for.
 void mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
-              cudaStream_t stream, const TensorView& recv_stats = {});
+              cudaStream_t stream, const TensorView& recv_stats = {}, const CallOptions& options = {});
 
 }  // namespace megamoe

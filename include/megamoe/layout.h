@@ -23,6 +23,8 @@
 //   combine            [max_tokens][top_k + 1][hidden] bf16   L2 results, written by the owners; slot top_k = shared
 //   front_ring         the streaming front ring (docs/streaming.md), when front_num_slots > 0
 //   gemm_split         kGemmSplitWorkspaceBytes: the grouped GEMM's split-K counters and partial sums (local)
+//   fused_counters     the fused schedule's readiness counters (local, zero between calls): rows pulled per
+//                      local expert, L1 completions per routed token tile and per shared token tile
 #pragma once
 
 #include <cstdint>
@@ -77,6 +79,11 @@ enum WaitSite : uint32_t {
   kWaitFrontConsumed = 7,
   kWaitTest = 8,
   kWaitGemmStage = 9,         // a GEMM pipeline stage inside one CTA (`detail` = stage)
+  // The fused schedule's waits (kernels/fused): `choice` = the expert or token tile waited for.
+  kWaitFusedInputs = 10,      // this rank's send units (inputs staged for the shared experts)
+  kWaitFusedRows = 11,        // rows of a local expert pulled into the pool
+  kWaitFusedL1Tile = 12,      // L1 outputs of a routed token tile
+  kWaitFusedSharedL1Tile = 13,  // L1 outputs of a shared-expert token tile
 };
 
 // The first error a kernel hits is recorded here (first writer wins) for the host to report.
@@ -101,6 +108,20 @@ struct ControlBlock {
   uint32_t grid_barrier_count;              // arrivals of this rank's blocks (grid barrier)
   uint32_t grid_barrier_generation;
   uint32_t finished_blocks;                 // blocks of the running send_routes grid that have finished
+  // The fused schedule (kernels/fused): work units claimed, send units done, L2 tile completions.
+  // Zero between calls: the kernel's last block resets them.
+  uint32_t fused_claims;
+  uint32_t fused_sends_done;
+  uint32_t fused_l2_done;
+};
+
+// The fused schedule's counters (region fused_counters), for token tiles of at least
+// kFusedMinTokenTile rows.
+inline constexpr uint32_t kFusedMinTokenTile = 16;
+struct FusedCounters {
+  uint32_t* rows_pulled;     // [experts_per_rank]
+  uint32_t* l1_done;         // [routed token tiles]: +1 per math warpgroup and L1 weight tile
+  uint32_t* shared_l1_done;  // [shared token tiles]
 };
 
 struct Region {
@@ -119,9 +140,12 @@ struct BufferLayout {
   uint32_t shared_intermediate = 0; // num_shared_experts * intermediate
   uint32_t activation_bytes = 0;    // 1 for the fp8 recipes, 2 for bf16
 
+  uint32_t max_routed_token_tiles = 0;  // fused counters: token tiles the pool can hold
+  uint32_t max_shared_token_tiles = 0;
+
   Region control, recv_count, expert_rows, x, x_scales, topk_idx, topk_weights, src_index, pool_source,
       pool_weight, l1_pool, l1_pool_scales, l2_pool, l2_pool_scales, shared_x_scales, shared_l2,
-      shared_l2_scales, combine, front_ring, gemm_split;
+      shared_l2_scales, combine, front_ring, gemm_split, fused_counters;
   uint64_t total_bytes = 0;
 
   // Worst case of rows one rank's pool must hold: every source rank sends every token to this
@@ -172,6 +196,11 @@ struct BufferLayout {
                          static_cast<uint64_t>(p.hidden));
     place(l.front_ring, FrontRingLayout::make(p).total_bytes);
     place(l.gemm_split, kGemmSplitWorkspaceBytes);
+    // Every expert's last token tile may be partial: at most rows / tile + experts tiles.
+    l.max_routed_token_tiles = static_cast<uint32_t>(rows / kFusedMinTokenTile) + l.experts_per_rank;
+    l.max_shared_token_tiles = static_cast<uint32_t>(ceil_div(tokens, kFusedMinTokenTile));
+    place(l.fused_counters,
+          sizeof(uint32_t) * (uint64_t{l.experts_per_rank} + l.max_routed_token_tiles + l.max_shared_token_tiles));
     l.total_bytes = cursor;
     return l;
   }
@@ -192,6 +221,10 @@ struct BufferLayout {
   }
   MEGAMOE_HD uint32_t* src_index_ptr(void* base, uint32_t local_expert, uint32_t src_rank, uint32_t num_ranks) const {
     return at<uint32_t>(base, src_index) + (static_cast<uint64_t>(local_expert) * num_ranks + src_rank) * max_tokens;
+  }
+  MEGAMOE_HD FusedCounters fused(void* base) const {
+    uint32_t* first = at<uint32_t>(base, fused_counters);
+    return {first, first + experts_per_rank, first + experts_per_rank + max_routed_token_tiles};
   }
   MEGAMOE_HD uint16_t* combine_slot(void* base, uint32_t token, uint32_t slot, uint32_t slots, uint32_t hidden) const {
     return at<uint16_t>(base, combine) + (static_cast<uint64_t>(token) * slots + slot) * hidden;

@@ -59,4 +59,11 @@ constexpr int activation_bytes(Recipe recipe) { return element_bytes(activation_
 
 bool parse_recipe(std::string_view text, Recipe& recipe);
 
+// How a layer call runs on the GPU: one launch per stage (send routes, pull, L1, L2, barrier,
+// combine), or one persistent launch whose CTAs claim every stage's work units in dependency order.
+enum class Schedule : uint8_t { staged, fused };
+
+constexpr std::string_view to_string(Schedule schedule) { return schedule == Schedule::fused ? "fused" : "staged"; }
+bool parse_schedule(std::string_view text, Schedule& schedule);
+
 }  // namespace megamoe

@@ -32,6 +32,11 @@ SiteWords site_words(const DeviceError& error) {
     case kWaitFrontConsumed: return {"for a front-ring slot to be consumed", "value"};
     case kWaitTest: return {"on a test flag from rank " + peer, "value"};
     case kWaitGemmStage: return {"for GEMM pipeline stage " + std::to_string(error.detail), "parity", false};
+    case kWaitFusedInputs: return {"for this rank's send units (inputs staged)", "count"};
+    case kWaitFusedRows: return {"for the rows of local expert " + std::to_string(error.choice), "rows"};
+    case kWaitFusedL1Tile: return {"for the L1 outputs of routed token tile " + std::to_string(error.choice), "count"};
+    case kWaitFusedSharedL1Tile:
+      return {"for the L1 outputs of shared-expert token tile " + std::to_string(error.choice), "count"};
     default: return {"at unknown wait site " + std::to_string(error.site) + " (peer " + peer + ")", "value"};
   }
 }

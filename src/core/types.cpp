@@ -12,4 +12,14 @@ bool parse_recipe(std::string_view text, Recipe& recipe) {
   return false;
 }
 
+bool parse_schedule(std::string_view text, Schedule& schedule) {
+  for (Schedule candidate : {Schedule::staged, Schedule::fused}) {
+    if (text == to_string(candidate)) {
+      schedule = candidate;
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace megamoe

@@ -10,6 +10,7 @@
 #include "comm/rank_barrier.h"
 #include "kernels/combine/combine.cuh"
 #include "kernels/dispatch/dispatch.cuh"
+#include "kernels/fused/fused.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/overlapped_launch.cuh"
 #include "megamoe/error.h"
@@ -66,18 +67,19 @@ void check_inputs(const Problem& p, const LayerInputs& in, const TensorView& y, 
 
 // A copy of `source` into the buffer region at `destination`, unless the caller already wrote it there.
 dispatch::StagedCopy staged_copy(const TensorView& source, char* destination) {
-  if (source.numel() == 0 || source.data == destination) return {nullptr, nullptr, 0};
-  return {static_cast<const uint32_t*>(source.data), reinterpret_cast<uint32_t*>(destination),
-          static_cast<uint64_t>(source.bytes()) / 4};
+  if (source.numel() == 0 || source.data == destination) return {nullptr, nullptr, 0, 0};
+  const uint64_t words = static_cast<uint64_t>(source.bytes()) / 4;
+  return {static_cast<const uint32_t*>(source.data), reinterpret_cast<uint32_t*>(destination), words,
+          static_cast<uint32_t>(words / static_cast<uint64_t>(source.shape[0]))};
 }
 
 // The GEMM operands of one linear over the routed experts (the expert-major pool, one group per local
 // expert, rows from expert_rows) or over the concatenated shared experts (this rank's tokens, one
-// group of `rows`). `rows` is also the expected rows per group, which picks the token tile.
+// group of `rows`), in tile shape `tile`.
 gemm::GemmOperands expert_operands(const Problem& p, const BufferLayout& l, char* local, uint64_t timeout_ns,
                                    const TensorView& weights, const TensorView& weight_scales,
                                    const TensorView& weight_shifts, bool first_linear, bool shared, uint32_t rows,
-                                   bool overlapped_launch) {
+                                   gemm::TileShape tile, bool overlapped_launch) {
   const uint32_t intermediate = shared ? l.shared_intermediate : static_cast<uint32_t>(p.intermediate);
   const uint32_t hidden = static_cast<uint32_t>(p.hidden);
   const Region& acts = first_linear ? (shared ? l.x : l.l1_pool) : (shared ? l.shared_l2 : l.l2_pool);
@@ -96,7 +98,7 @@ gemm::GemmOperands expert_operands(const Problem& p, const BufferLayout& l, char
   o.act_rows = shared ? l.max_tokens : l.pool_rows;
   o.groups = shared ? gemm::GroupRows{nullptr, 1, rows}
                     : gemm::GroupRows{BufferLayout::at<uint32_t>(local, l.expert_rows), l.experts_per_rank, 0};
-  o.expected_rows_per_group = rows;
+  o.tile = tile;
   o.timeout_ns = timeout_ns;
   o.control = l.control_block(local);
   o.rank = static_cast<uint32_t>(p.rank);
@@ -105,84 +107,145 @@ gemm::GemmOperands expert_operands(const Problem& p, const BufferLayout& l, char
   return o;
 }
 
-void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w, const TensorView& y,
-               cudaStream_t stream, const TensorView& recv_stats) {
-  const Problem& p = buffer.problem();
-  const BufferLayout& l = buffer.layout();
-  const SymmView& view = buffer.view();
-  char* local = buffer.local();
-  check_inputs(p, in, y, recv_stats);
-  check_weights(p, w);
-  const int grid = std::max(1, buffer.comm().sm_budget());
-  // Each kernel is launched while the one before it runs (kernels/overlapped_launch.cuh).
-  const bool overlap = overlap_launches(buffer.comm());
+// What both schedules share: the checked arguments, the GEMMs' operands and outputs, and the dispatch
+// and combine arguments of one call.
+struct CallPlan {
+  const Problem& p;
+  const BufferLayout& l;
+  char* local;
+  SymmView view;
+  dispatch::DispatchArgs dispatch;
+  dispatch::StagedInputs staged;
+  combine::CombineArgs combine;
+  uint32_t tokens;
+  uint32_t expected_rows;  // per local expert, assuming every rank routes like this one (tile choice only)
+  gemm::TileShape routed_tile;
+  bool shared;  // shared experts with tokens to run
+  bool overlap;  // each kernel launched while the one before it runs (kernels/overlapped_launch.cuh)
+  int grid;
+
+  CallPlan(SymmBuffer& buffer, const LayerInputs& in, const TensorView& y, const TensorView& recv_stats)
+      : p(buffer.problem()), l(buffer.layout()), local(buffer.local()), view(buffer.view()) {
+    dispatch = {view, l, p, in.num_tokens, in.topk_idx.as<int32_t>(),
+                recv_stats.empty() ? nullptr : recv_stats.as<int64_t>()};
+    staged = {{staged_copy(in.x, local + l.x.offset),
+               p.recipe != Recipe::bf16 ? staged_copy(in.x_scales, local + l.x_scales.offset) : dispatch::StagedCopy{},
+               staged_copy(in.topk_weights, local + l.topk_weights.offset)}};
+    combine = {l.control_block(local), BufferLayout::at<uint16_t>(local, l.combine), in.topk_idx.as<int32_t>(),
+               y.as<uint16_t>(), in.num_tokens, p.top_k, p.num_experts, p.hidden, p.num_shared_experts > 0};
+    tokens = static_cast<uint32_t>(in.num_tokens);
+    expected_rows = static_cast<uint32_t>(std::max<int64_t>(
+        1, int64_t{in.num_tokens} * p.num_ranks * p.top_k / std::max(1, p.num_experts)));
+    routed_tile = gemm::choose_tile(expected_rows, l.experts_per_rank, p.recipe);
+    shared = p.num_shared_experts > 0 && in.num_tokens > 0;
+    overlap = overlap_launches(buffer.comm());
+    grid = std::max(1, buffer.comm().sm_budget());
+  }
+
+  gemm::GemmOperands operands(const LayerWeights& w, bool first_linear, bool is_shared, gemm::TileShape tile) const {
+    const TensorView& weights = first_linear ? (is_shared ? w.shared_w1 : w.w1) : (is_shared ? w.shared_w2 : w.w2);
+    const TensorView& scales = first_linear ? (is_shared ? w.shared_w1_scales : w.w1_scales)
+                                            : (is_shared ? w.shared_w2_scales : w.w2_scales);
+    const TensorView& shifts = first_linear ? (is_shared ? w.shared_w1_shifts : w.w1_shifts)
+                                            : (is_shared ? w.shared_w2_shifts : w.w2_shifts);
+    return expert_operands(p, l, local, view.timeout_ns, weights, scales, shifts, first_linear, is_shared,
+                           is_shared ? tokens : expected_rows, tile, overlap);
+  }
+  gemm::SwigluOutput swiglu_output(bool is_shared) const {
+    const bool scaled = p.recipe != Recipe::bf16;  // E4M3 activations with 1x128 scales
+    if (is_shared)
+      return {local + l.shared_l2.offset, scaled ? BufferLayout::at<float>(local, l.shared_l2_scales) : nullptr,
+              nullptr, l.max_tokens};
+    return {local + l.l2_pool.offset, scaled ? BufferLayout::at<float>(local, l.l2_pool_scales) : nullptr,
+            BufferLayout::at<float>(local, l.pool_weight), l.pool_rows};
+  }
+  gemm::SlotDestination slot_destination(bool is_shared) const {
+    if (is_shared)
+      return {{}, {BufferLayout::at<uint16_t>(local, l.combine), static_cast<uint32_t>(p.top_k),
+                   static_cast<uint32_t>(p.hidden)}, true};
+    return {{view, l.combine.offset, BufferLayout::at<PoolSource>(local, l.pool_source),
+             static_cast<uint32_t>(p.top_k), static_cast<uint32_t>(p.hidden)},
+            {},
+            false};
+  }
+};
+
+// The staged schedule: send_routes -> pull -> L1 (routed, shared) -> L2 (routed to the source ranks'
+// slots, shared to our own) -> rank barrier -> combine.
+void run_staged(SymmBuffer& buffer, const CallPlan& c, const LayerWeights& w, cudaStream_t stream) {
+  const Problem& p = c.p;
+  const BufferLayout& l = c.l;
   const auto launch = [&](const char* what, auto kernel, int blocks, int threads, size_t smem_bytes,
                           const auto&... args) {
-    cuda_ok(launch_kernel(kernel, blocks, threads, smem_bytes, stream, overlap, args...), what);
+    cuda_ok(launch_kernel(kernel, blocks, threads, smem_bytes, stream, c.overlap, args...), what);
   };
-
-  const dispatch::StagedInputs staged{
-      {staged_copy(in.x, local + l.x.offset),
-       p.recipe != Recipe::bf16 ? staged_copy(in.x_scales, local + l.x_scales.offset) : dispatch::StagedCopy{},
-       staged_copy(in.topk_weights, local + l.topk_weights.offset)}};
-  dispatch::DispatchArgs args{view, l, p, in.num_tokens, in.topk_idx.as<int32_t>(),
-                              recv_stats.empty() ? nullptr : recv_stats.as<int64_t>()};
   const size_t count_smem = sizeof(uint32_t) * p.num_experts;
-  launch("send_routes launch", dispatch::send_routes, grid, kDispatchThreads, count_smem, args, staged);
+  launch("send_routes launch", dispatch::send_routes, c.grid, kDispatchThreads, count_smem, c.dispatch, c.staged);
   const size_t pull_smem = sizeof(uint32_t) * (size_t{l.experts_per_rank} * p.num_ranks + 1);
-  launch("pull launch", dispatch::pull, grid, kPullThreads, pull_smem, args);
+  launch("pull launch", dispatch::pull, c.grid, kPullThreads, pull_smem, c.dispatch);
 
-  // Expected rows per local expert, assuming every rank routes like this one (tile choice only).
-  const uint32_t expected_rows = static_cast<uint32_t>(std::max<int64_t>(
-      1, int64_t{in.num_tokens} * p.num_ranks * p.top_k / std::max(1, p.num_experts)));
-  const uint32_t tokens = static_cast<uint32_t>(in.num_tokens);
-  auto operands = [&](bool first_linear, bool shared) {
-    const TensorView& weights = first_linear ? (shared ? w.shared_w1 : w.w1) : (shared ? w.shared_w2 : w.w2);
-    const TensorView& scales = first_linear ? (shared ? w.shared_w1_scales : w.w1_scales)
-                                            : (shared ? w.shared_w2_scales : w.w2_scales);
-    const TensorView& shifts = first_linear ? (shared ? w.shared_w1_shifts : w.w1_shifts)
-                                            : (shared ? w.shared_w2_shifts : w.w2_shifts);
-    return expert_operands(p, l, local, view.timeout_ns, weights, scales, shifts, first_linear, shared,
-                           shared ? tokens : expected_rows, overlap);
-  };
   // The shared experts run as a second job of the routed experts' launches, in the routed tile
   // shape, when that shape suits them too: the same shape, or at most 8 token tiles per weight tile.
   // One persistent grid then balances both, which matters most when few tokens leave SMs idle
   // (their own launch would cover only n_out / 256 SMs). Otherwise each gets its own launch.
-  const bool scaled = p.recipe != Recipe::bf16;  // E4M3 activations with 1x128 scales
-  const bool shared = p.num_shared_experts > 0 && in.num_tokens > 0;
-  const gemm::TileShape routed_tile = gemm::choose_tile(expected_rows, l.experts_per_rank, p.recipe);
-  const gemm::TileShape shared_tile = gemm::choose_tile(tokens, 1, p.recipe);
-  const bool merged = (routed_tile.layout == shared_tile.layout && routed_tile.block_n == shared_tile.block_n) ||
-                      tokens <= 8 * routed_tile.block_n;
-  const size_t num_jobs = shared && merged ? 2 : 1;
+  const gemm::TileShape own_shared_tile = gemm::choose_tile(c.tokens, 1, p.recipe);
+  const bool merged = (c.routed_tile.layout == own_shared_tile.layout &&
+                       c.routed_tile.block_n == own_shared_tile.block_n) ||
+                      c.tokens <= 8 * c.routed_tile.block_n;
+  const gemm::TileShape shared_tile = merged ? c.routed_tile : own_shared_tile;
+  const size_t num_jobs = c.shared && merged ? 2 : 1;
   const gemm::SwigluJob l1_jobs[2] = {
-      {operands(true, false),
-       gemm::SwigluOutput{local + l.l2_pool.offset, scaled ? BufferLayout::at<float>(local, l.l2_pool_scales) : nullptr,
-                          BufferLayout::at<float>(local, l.pool_weight), l.pool_rows}},
-      {shared ? operands(true, true) : gemm::GemmOperands{},
-       gemm::SwigluOutput{local + l.shared_l2.offset,
-                          scaled ? BufferLayout::at<float>(local, l.shared_l2_scales) : nullptr, nullptr,
-                          l.max_tokens}}};
-  gemm::grouped_gemm_swiglu(std::span<const gemm::SwigluJob>(l1_jobs, num_jobs), grid, stream);
-  if (shared && !merged) gemm::grouped_gemm_swiglu(std::span<const gemm::SwigluJob>(l1_jobs + 1, 1), grid, stream);
-  const gemm::RoutedDestination routed{view, l.combine.offset, BufferLayout::at<PoolSource>(local, l.pool_source),
-                                       static_cast<uint32_t>(p.top_k), static_cast<uint32_t>(p.hidden)};
-  const gemm::SharedDestination shared_slots{BufferLayout::at<uint16_t>(local, l.combine),
-                                             static_cast<uint32_t>(p.top_k), static_cast<uint32_t>(p.hidden)};
+      {c.operands(w, true, false, c.routed_tile), c.swiglu_output(false)},
+      {c.shared ? c.operands(w, true, true, shared_tile) : gemm::GemmOperands{}, c.swiglu_output(true)}};
+  gemm::grouped_gemm_swiglu(std::span<const gemm::SwigluJob>(l1_jobs, num_jobs), c.grid, stream);
+  if (c.shared && !merged)
+    gemm::grouped_gemm_swiglu(std::span<const gemm::SwigluJob>(l1_jobs + 1, 1), c.grid, stream);
   const gemm::StoreJob l2_jobs[2] = {
-      {operands(false, false), gemm::SlotDestination{routed, {}, false}},
-      {shared ? operands(false, true) : gemm::GemmOperands{}, gemm::SlotDestination{{}, shared_slots, true}}};
-  gemm::grouped_gemm_store(std::span<const gemm::StoreJob>(l2_jobs, num_jobs), grid, stream);
-  if (shared && !merged) gemm::grouped_gemm_store(std::span<const gemm::StoreJob>(l2_jobs + 1, 1), grid, stream);
+      {c.operands(w, false, false, c.routed_tile), c.slot_destination(false)},
+      {c.shared ? c.operands(w, false, true, shared_tile) : gemm::GemmOperands{}, c.slot_destination(true)}};
+  gemm::grouped_gemm_store(std::span<const gemm::StoreJob>(l2_jobs, num_jobs), c.grid, stream);
+  if (c.shared && !merged) gemm::grouped_gemm_store(std::span<const gemm::StoreJob>(l2_jobs + 1, 1), c.grid, stream);
 
   // Every rank's L2 results have landed in our combine slots once all ranks pass this barrier.
   launch_rank_barrier(buffer, stream);
-  if (in.num_tokens > 0) {
-    combine::CombineArgs c{l.control_block(local), BufferLayout::at<uint16_t>(local, l.combine), in.topk_idx.as<int32_t>(),
-                           y.as<uint16_t>(), in.num_tokens, p.top_k, p.num_experts, p.hidden, p.num_shared_experts > 0};
-    launch("combine launch", combine::combine_kernel, grid, kCombineThreads, 0, c);
+  if (c.tokens > 0) launch("combine launch", combine::combine_kernel, c.grid, kCombineThreads, 0, c.combine);
+}
+
+// The fused schedule: one persistent launch (kernels/fused), all four GEMMs in the routed tile shape.
+void run_fused(const CallPlan& c, const LayerWeights& w, cudaStream_t stream) {
+  const Problem& p = c.p;
+  require(static_cast<uint32_t>(p.num_experts) <= fused::kMaxExperts &&
+              static_cast<uint64_t>(c.l.experts_per_rank) * p.num_ranks <= fused::kMaxSegments &&
+              c.l.experts_per_rank <= fused::kMaxLocalExperts,
+          "schedule", "fused runs at most ", fused::kMaxExperts, " experts, ", fused::kMaxLocalExperts,
+          " per rank and ", fused::kMaxSegments, " local experts x ranks; got ", p.num_experts, " experts over ",
+          p.num_ranks, " ranks (use Schedule::staged)");
+  fused::FusedLaunch f;
+  f.shared = c.shared;
+  f.l1[0] = {c.operands(w, true, false, c.routed_tile), c.swiglu_output(false)};
+  f.l2[0] = {c.operands(w, false, false, c.routed_tile), c.slot_destination(false)};
+  if (c.shared) {
+    f.l1[1] = {c.operands(w, true, true, c.routed_tile), c.swiglu_output(true)};
+    f.l2[1] = {c.operands(w, false, true, c.routed_tile), c.slot_destination(true)};
   }
+  f.dispatch = c.dispatch;
+  f.staged = c.staged;
+  f.combine = c.combine;
+  const uint32_t shared_intermediate = static_cast<uint32_t>(p.num_shared_experts * p.intermediate);
+  f.plan = fused::make_unit_plan({c.tokens, static_cast<uint32_t>(p.top_k), static_cast<uint32_t>(c.grid),
+                                  c.routed_tile.block_n, c.shared ? 2 * shared_intermediate / 256 : 0,
+                                  c.shared ? (static_cast<uint32_t>(p.hidden) + 255) / 256 : 0});
+  f.overlapped_launch = c.overlap;
+  fused::launch(f, c.grid, stream);
+}
+
+void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w, const TensorView& y,
+               cudaStream_t stream, const TensorView& recv_stats, const CallOptions& options) {
+  check_inputs(buffer.problem(), in, y, recv_stats);
+  check_weights(buffer.problem(), w);
+  const CallPlan plan(buffer, in, y, recv_stats);
+  if (options.schedule == Schedule::fused) run_fused(plan, w, stream);
+  else run_staged(buffer, plan, w, stream);
 }
 
 }  // namespace
@@ -206,29 +269,29 @@ LayerInputs buffer_input_views(const SymmBuffer& buffer, int32_t num_tokens, con
 }
 
 void fp8_mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
-                  cudaStream_t stream, const TensorView& recv_stats) {
+                  cudaStream_t stream, const TensorView& recv_stats, const CallOptions& options) {
   require(buffer.problem().recipe == Recipe::fp8, "buffer", "was made for recipe ", to_string(buffer.problem().recipe),
           "; fp8_mega_moe needs fp8");
-  run_layer(buffer, inputs, weights, y, stream, recv_stats);
+  run_layer(buffer, inputs, weights, y, stream, recv_stats, options);
 }
 
 void fp8_fp4_mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights,
-                      const TensorView& y, cudaStream_t stream, const TensorView& recv_stats) {
+                      const TensorView& y, cudaStream_t stream, const TensorView& recv_stats, const CallOptions& options) {
   require(buffer.problem().recipe == Recipe::fp8_fp4, "buffer", "was made for recipe ",
           to_string(buffer.problem().recipe), "; fp8_fp4_mega_moe needs fp8_fp4");
-  run_layer(buffer, inputs, weights, y, stream, recv_stats);
+  run_layer(buffer, inputs, weights, y, stream, recv_stats, options);
 }
 
 void bf16_mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
-                   cudaStream_t stream, const TensorView& recv_stats) {
+                   cudaStream_t stream, const TensorView& recv_stats, const CallOptions& options) {
   require(buffer.problem().recipe == Recipe::bf16, "buffer", "was made for recipe ",
           to_string(buffer.problem().recipe), "; bf16_mega_moe needs bf16");
-  run_layer(buffer, inputs, weights, y, stream, recv_stats);
+  run_layer(buffer, inputs, weights, y, stream, recv_stats, options);
 }
 
 void mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
-              cudaStream_t stream, const TensorView& recv_stats) {
-  run_layer(buffer, inputs, weights, y, stream, recv_stats);
+              cudaStream_t stream, const TensorView& recv_stats, const CallOptions& options) {
+  run_layer(buffer, inputs, weights, y, stream, recv_stats, options);
 }
 
 }  // namespace megamoe

@@ -36,6 +36,7 @@ const std::vector<std::pair<const char*, RegionField>>& regions_in_order() {
       {"combine", &BufferLayout::combine},
       {"front_ring", &BufferLayout::front_ring},
       {"gemm_split", &BufferLayout::gemm_split},
+      {"fused_counters", &BufferLayout::fused_counters},
   };
   return regions;
 }
@@ -79,7 +80,7 @@ void expect_well_formed(const BufferLayout& l, const char* label) {
     EXPECT_EQ(region.offset, align_up(previous_end, kRegionAlign)) << label << " " << name;
     previous_end = region.end();
   }
-  EXPECT_EQ(l.total_bytes, align_up(l.gemm_split.end(), kRegionAlign)) << label;
+  EXPECT_EQ(l.total_bytes, align_up(l.fused_counters.end(), kRegionAlign)) << label;
 }
 
 TEST(BufferLayout, RegionsAreOrderedAlignedAndDisjoint) {
@@ -249,7 +250,13 @@ TEST(BufferLayout, DeepSeekV3HandComputedSizes) {
   // The GEMM's split-K workspace: 1024 counters + 132 x 16 KiB = 529 pages.
   EXPECT_EQ(l.gemm_split.offset, 584791 * kPage);
   EXPECT_EQ(l.gemm_split.bytes, 4096u + 132u * 16384u);
-  EXPECT_EQ(l.total_bytes, 585320 * kPage);  // 2397470720 bytes, about 2.23 GiB
+  // fused_counters: 128 experts + (131328 / 16 + 128) routed token tiles + 8192 / 16 shared token
+  // tiles = 8976 u32 = 35904 bytes = 8.77 pages.
+  EXPECT_EQ(l.max_routed_token_tiles, 8336u);
+  EXPECT_EQ(l.max_shared_token_tiles, 512u);
+  EXPECT_EQ(l.fused_counters.offset, 585320 * kPage);
+  EXPECT_EQ(l.fused_counters.bytes, 35904u);
+  EXPECT_EQ(l.total_bytes, 585329 * kPage);  // 2397507584 bytes, about 2.23 GiB
 }
 
 TEST(BufferLayout, Bf16HasNoScaleRegions) {
@@ -323,8 +330,14 @@ TEST(BufferLayout, AccessorsStayInsideTheirRegions) {
     for (const auto& [name, field] : regions_in_order()) {
       EXPECT_EQ(reinterpret_cast<uintptr_t>(BufferLayout::at<uint8_t>(base, l.*field)) % kRegionAlign, 0u) << name;
     }
+    const FusedCounters fused = l.fused(base);
+    EXPECT_EQ(offset_of(fused.rows_pulled), l.fused_counters.offset);
+    EXPECT_EQ(fused.l1_done - fused.rows_pulled, l.experts_per_rank);
+    EXPECT_EQ(fused.shared_l1_done - fused.l1_done, l.max_routed_token_tiles);
+    EXPECT_EQ(offset_of(fused.shared_l1_done + l.max_shared_token_tiles), l.fused_counters.end());
+
     // The regions cover the whole allocation once: their ends never pass total_bytes.
-    EXPECT_LE(l.gemm_split.end(), l.total_bytes);
+    EXPECT_LE(l.fused_counters.end(), l.total_bytes);
   }
 }
 

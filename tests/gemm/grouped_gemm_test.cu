@@ -237,7 +237,7 @@ gemm::GemmOperands case_operands(const Case& c, uint32_t num_groups, uint32_t n_
   operands.act_scales = act_scales;
   operands.act_rows = rows;
   operands.groups = gemm::GroupRows{prefix, num_groups, 0};
-  operands.expected_rows_per_group = c.expected_rows;
+  operands.tile = gemm::choose_tile(c.expected_rows, num_groups, c.recipe);
   operands.timeout_ns = kTimeoutNs;
   operands.control = control;
   operands.split_workspace = {workspace.get(), workspace.size()};

@@ -71,6 +71,34 @@ std::vector<LayerCase> cases_for_ranks(int32_t ranks) {
   graph.graph = true;
   cases.push_back(graph);
 
+  LayerCase empty;
+  empty.name = "zero_tokens_on_every_rank";
+  empty.num_experts = 8 * ranks;
+  empty.num_shared_experts = 1;
+  empty.tokens_per_rank = tokens(ranks, {0});
+  cases.push_back(empty);
+
+  LayerCase held;
+  held.name = "half_the_sms_held_by_another_kernel";
+  held.num_experts = 64;
+  held.top_k = 6;
+  held.num_shared_experts = 1;
+  held.tokens_per_rank = tokens(ranks, {1000, 128});
+  held.hold_half_the_sms = true;
+  cases.push_back(held);
+
+  LayerCase sizes;
+  sizes.name = "thousand_calls_changing_sizes";
+  sizes.num_experts = 16 * ranks;
+  sizes.top_k = 4;
+  sizes.num_shared_experts = 1;
+  sizes.masked_fraction = 0.1f;
+  sizes.size_variants = {tokens(ranks, {1, 300}), tokens(ranks, {64, 0}), tokens(ranks, {500, 17}),
+                         tokens(ranks, {0, 2})};
+  sizes.tokens_per_rank = tokens(ranks, {500, 300});
+  sizes.variant_calls = 1000;
+  cases.push_back(sizes);
+
   LayerCase bad;
   bad.name = "out_of_range_expert_id";
   bad.num_experts = 8 * ranks;

@@ -1,6 +1,9 @@
 // The whole layer with 1, 2, 4 and 8 ranks emulated on one GPU, against the CPU reference.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <string>
+
 #include "gpu_test_util.h"
 #include "layer/layer_cases.h"
 #include "megamoe/comm.h"
@@ -15,10 +18,14 @@ TEST_P(EmulatedLayer, EveryCase) {
   for (const layer_test::LayerCase& c : layer_test::cases_for_ranks(GetParam())) {
     SCOPED_TRACE(c.name);
     const auto data = layer_test::prepare(c);
-    EXPECT_EQ(run_ranks(GetParam(), LaunchMode::emulated,
-                        [&](Communicator& comm) { layer_test::run_rank(comm, *data); }),
-              0)
-        << "case " << c.name << ": ranks failed; see stderr";
+    // Both schedules on the same inputs, each against the CPU reference.
+    for (Schedule schedule : {Schedule::staged, Schedule::fused}) {
+      std::printf("case %s, %s schedule\n", c.name.c_str(), std::string(to_string(schedule)).c_str());
+      EXPECT_EQ(run_ranks(GetParam(), LaunchMode::emulated,
+                          [&](Communicator& comm) { layer_test::run_rank(comm, *data, schedule); }),
+                0)
+          << "case " << c.name << ", " << to_string(schedule) << " schedule: ranks failed; see stderr";
+    }
   }
 }
 

@@ -2,6 +2,9 @@
 // This process forks the ranks, so it never initializes CUDA itself (see tests/comm).
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <string>
+
 #include "comm/launcher.h"
 #include "layer/layer_cases.h"
 #include "megamoe/comm.h"
@@ -17,10 +20,14 @@ TEST_P(ProcessLayer, EveryCase) {
   for (const layer_test::LayerCase& c : layer_test::cases_for_ranks(GetParam())) {
     SCOPED_TRACE(c.name);
     const auto data = layer_test::prepare(c);
-    EXPECT_EQ(run_ranks(GetParam(), LaunchMode::processes,
-                        [&](Communicator& comm) { layer_test::run_rank(comm, *data); }),
-              0)
-        << "case " << c.name << ": ranks failed; see stderr";
+    // Both schedules on the same inputs, each against the CPU reference.
+    for (Schedule schedule : {Schedule::staged, Schedule::fused}) {
+      std::printf("case %s, %s schedule\n", c.name.c_str(), std::string(to_string(schedule)).c_str());
+      EXPECT_EQ(run_ranks(GetParam(), LaunchMode::processes,
+                          [&](Communicator& comm) { layer_test::run_rank(comm, *data, schedule); }),
+                0)
+          << "case " << c.name << ", " << to_string(schedule) << " schedule: ranks failed; see stderr";
+    }
   }
 }
 

@@ -44,10 +44,35 @@ Problem case_problem(const LayerCase& c) {
   return p;
 }
 
-void call_layer(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
-                cudaStream_t stream, const TensorView& stats) {
-  mega_moe(buffer, inputs, weights, y, stream, stats);
+// Holds a multiprocessor (its shared memory leaves no room for a layer CTA) until `ns` have passed.
+__global__ void hold_multiprocessor(uint64_t ns) {
+  extern __shared__ uint8_t held[];
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+  held[threadIdx.x] = 1;
 }
+
+void hold_half_the_sms(cudaStream_t stream) {
+  int device = 0, sms = 0, smem = 0;
+  cuda_ok(cudaGetDevice(&device), "cudaGetDevice");
+  cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count");
+  cuda_ok(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "smem");
+  cuda_ok(cudaFuncSetAttribute(hold_multiprocessor, cudaFuncAttributeMaxDynamicSharedMemorySize, smem / 2),
+          "cudaFuncSetAttribute");
+  hold_multiprocessor<<<sms / 2, 32, smem / 2, stream>>>(50'000'000ull);  // 50 ms
+  cuda_ok(cudaGetLastError(), "hold_multiprocessor launch");
+}
+
+struct Caller {
+  Schedule schedule;
+  void operator()(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
+                  cudaStream_t stream, const TensorView& stats) const {
+    mega_moe(buffer, inputs, weights, y, stream, stats, CallOptions{schedule});
+  }
+};
 
 // y against the reference: every element written (no poison left), normalized error within bound.
 void check_y(const CaseData& data, int32_t rank, const std::vector<uint16_t>& y) {
@@ -82,6 +107,61 @@ void check_y(const CaseData& data, int32_t rank, const std::vector<uint16_t>& y)
   }
 }
 
+// size_variants: every variant's inputs and output allocated and filled first, then variant_calls
+// calls back to back, each on the next variant; every variant's last output and the statistics of
+// all calls are checked.
+void run_variants(Communicator& comm, const CaseData& data, SymmBuffer& buffer, const DeviceWeights& weights,
+                  const Caller& call_layer) {
+  const Problem& p = buffer.problem();
+  const LayerCase& c = data.c;
+  const size_t variants = c.size_variants.size();
+  std::vector<std::unique_ptr<DeviceBatch>> inputs;
+  std::vector<std::unique_ptr<Device<uint16_t>>> ys;
+  for (size_t v = 0; v < variants; ++v) {
+    const int32_t tokens = c.size_variants[v][p.rank];
+    inputs.push_back(std::make_unique<DeviceBatch>(p, tokens));
+    ys.push_back(std::make_unique<Device<uint16_t>>(size_t(tokens) * p.hidden));
+  }
+  Device<int64_t> stats(p.experts_per_rank());
+  cudaStream_t stream = comm.stream();
+  comm.barrier();  // every rank has allocated
+  cuda_ok(cudaMemsetAsync(stats.data, 0, stats.count * sizeof(int64_t), stream), "cudaMemset");
+  for (size_t v = 0; v < variants; ++v) {
+    inputs[v]->fill(data.variant_batches[v][p.rank], stream);
+    cuda_ok(cudaMemsetAsync(ys[v]->data, 0xFF, ys[v]->count * sizeof(uint16_t), stream), "poison y");
+  }
+  const TensorView stats_view =
+      TensorView::contiguous(stats.data, DType::i64, {p.experts_per_rank()}, megamoe::Device::cuda);
+  std::vector<int64_t> want(stats.count, 0);
+  for (int32_t call = 0; call < c.variant_calls; ++call) {
+    const size_t v = static_cast<size_t>(call) % variants;
+    const int32_t tokens = c.size_variants[v][p.rank];
+    call_layer(buffer, inputs[v]->inputs(), weights.view(),
+               TensorView::contiguous(ys[v]->data, DType::bf16, {tokens, p.hidden}, megamoe::Device::cuda), stream,
+               stats_view);
+    for (size_t e = 0; e < want.size(); ++e) want[e] += data.variant_references[v].recv_counts[p.rank][e];
+  }
+  buffer.check_device_error(stream);
+  for (size_t v = 0; v < variants; ++v) {
+    CaseData view_data;
+    view_data.c = c;
+    view_data.c.name = c.name + " variant " + std::to_string(v);
+    view_data.problem = data.problem;
+    view_data.reference = data.variant_references[v];
+    std::vector<uint16_t> host_y(ys[v]->count);
+    if (!host_y.empty())
+      cuda_ok(cudaMemcpy(host_y.data(), ys[v]->data, host_y.size() * 2, cudaMemcpyDeviceToHost), "download y");
+    check_y(view_data, p.rank, host_y);
+  }
+  std::vector<int64_t> host_stats(stats.count);
+  cuda_ok(cudaMemcpy(host_stats.data(), stats.data, stats.count * 8, cudaMemcpyDeviceToHost), "download stats");
+  for (size_t e = 0; e < want.size(); ++e)
+    require(host_stats[e] == want[e], "recv_stats", "rank ", p.rank, " of case ", c.name, ": local expert ", e,
+            " counted ", host_stats[e], " routes over ", c.variant_calls, " calls, the reference ", want[e]);
+  cuda_ok(cudaStreamSynchronize(stream), "variants");
+  comm.barrier();  // no rank frees while another's kernels may still read its buffer
+}
+
 }  // namespace
 
 std::unique_ptr<CaseData> prepare(const LayerCase& c) {
@@ -102,10 +182,16 @@ std::unique_ptr<CaseData> prepare(const LayerCase& c) {
         if (expert >= 0) ++data->first_recv_counts[p.owner_rank(expert)][p.local_expert(expert)];
   }
   data->reference = reference_moe(data->problem, data->batches, *data->weights);
+  for (size_t v = 0; v < c.size_variants.size(); ++v) {
+    data->variant_batches.push_back(
+        synthetic_batches(data->problem, c.size_variants[v], c.routing, seed + 3 + v, c.masked_fraction));
+    data->variant_references.push_back(reference_moe(data->problem, data->variant_batches.back(), *data->weights));
+  }
   return data;
 }
 
-void run_rank(Communicator& comm, const CaseData& data) {
+void run_rank(Communicator& comm, const CaseData& data, Schedule schedule) {
+  const Caller call_layer{schedule};
   Problem p = data.problem;
   p.rank = comm.rank();
   const LayerCase& c = data.c;
@@ -134,6 +220,14 @@ void run_rank(Communicator& comm, const CaseData& data) {
       }
     }
   } finish_together{comm, stream};
+
+  if (!c.size_variants.empty()) return run_variants(comm, data, buffer, weights, call_layer);
+  if (c.hold_half_the_sms && p.rank == 0) {
+    cudaStream_t other;
+    cuda_ok(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), "cudaStreamCreate");
+    hold_half_the_sms(other);
+    cuda_ok(cudaStreamDestroy(other), "cudaStreamDestroy");  // the kernel runs on
+  }
 
   if (c.bad_expert_rank >= 0) {
     RankBatch batch = data.batches[p.rank];

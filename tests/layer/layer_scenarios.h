@@ -27,6 +27,13 @@ struct LayerCase {
   int32_t repeats = 1;      // calls on the same buffer; receive statistics must add up
   bool graph = false;       // capture one call in a CUDA graph, replay it with a second set of inputs
   int32_t bad_expert_rank = -1;  // this rank puts an out-of-range expert id in topk_idx
+  // Back-to-back calls with changing sizes: each call takes the next of these token counts per rank
+  // (its own inputs and output), cycling; every variant's last output is checked.
+  std::vector<std::vector<int32_t>> size_variants;
+  int32_t variant_calls = 0;
+  // Rank 0 first launches, on another stream, a kernel that holds half the multiprocessors for a
+  // while: the call must complete with the SMs it gets.
+  bool hold_half_the_sms = false;
 };
 
 // Inputs and expected outputs of one case, built on the host before any rank starts.
@@ -38,11 +45,13 @@ struct CaseData {
   ReferenceResult reference;
   std::vector<RankBatch> first_batches;   // graph cases: the inputs the graph was captured with
   std::vector<std::vector<uint32_t>> first_recv_counts;  // and the routes they send to each rank's experts
+  std::vector<std::vector<RankBatch>> variant_batches;  // size_variants' inputs
+  std::vector<ReferenceResult> variant_references;
 };
 
 std::unique_ptr<CaseData> prepare(const LayerCase& c);
 
 // The per-rank body: builds the buffer and weights, runs the calls, checks y and the statistics.
-void run_rank(Communicator& comm, const CaseData& data);
+void run_rank(Communicator& comm, const CaseData& data, Schedule schedule);
 
 }  // namespace megamoe::layer_test

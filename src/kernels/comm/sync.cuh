@@ -101,18 +101,21 @@ MEGAMOE_DEVICE bool rank_timed_out(const ControlBlock* control) {
 // What a spin-wait reports if it gives up.
 struct WaitSiteInfo {
   WaitSite site;
-  uint32_t peer;      // the rank waited for (for sites about one peer)
-  uint64_t expected;  // the value waited for
+  uint32_t peer;       // the rank waited for (for sites about one peer)
+  uint64_t expected;   // the value waited for
+  uint32_t choice = 0; // what the value counts for (the fused schedule's expert or token tile)
 };
 
 // Calls poll(seen) until it returns true (it sets `seen` to the value it read each time). Returns
-// false after view.timeout_ns, having recorded a kDeviceTimeout in `control`.
+// false after view.timeout_ns, having recorded a kDeviceTimeout in `control`, or as soon as another
+// wait of this rank has timed out (what it waits for may then never come).
 template <typename Poll>
 MEGAMOE_DEVICE bool spin_wait(const SymmView& view, ControlBlock* control, const WaitSiteInfo& info, Poll&& poll) {
   uint64_t seen = 0;
   if (poll(seen)) return true;
   const uint64_t start = cuda::ptx::get_sreg_globaltimer();
-  while (!poll(seen)) {
+  for (uint32_t polls = 1; !poll(seen); ++polls) {
+    if (polls % 256 == 0 && rank_timed_out(control)) return false;
     if (cuda::ptx::get_sreg_globaltimer() - start > view.timeout_ns) {
       DeviceError error{};
       error.code = kDeviceTimeout;
@@ -124,6 +127,7 @@ MEGAMOE_DEVICE bool spin_wait(const SymmView& view, ControlBlock* control, const
       error.detail = static_cast<uint32_t>(view.timeout_ns / 1000000);
       error.expected = info.expected;
       error.seen = seen;
+      error.choice = info.choice;
       record_error(control, error);
       return false;
     }
@@ -142,7 +146,39 @@ MEGAMOE_DEVICE bool wait_at_least_sys(const SymmView& view, ControlBlock* contro
   });
 }
 
+// Waits until *counter >= expected, reading with device-scope acquire (counters of this rank's own
+// kernels). `choice` goes into the record's `choice` field (what the counter counts for).
+MEGAMOE_DEVICE bool wait_at_least_gpu(const SymmView& view, ControlBlock* control, const uint32_t* counter,
+                                      uint32_t expected, WaitSite site, uint32_t choice) {
+  const auto poll = [&](uint64_t& seen) {
+    const uint32_t value = GpuRef<uint32_t>(*const_cast<uint32_t*>(counter)).load(cuda::memory_order_acquire);
+    seen = value;
+    return value >= expected;
+  };
+  return spin_wait(view, control, WaitSiteInfo{site, static_cast<uint32_t>(view.rank), expected, choice}, poll);
+}
+
 // ---- Barriers ----
+
+// The cross-rank barrier in two halves, for a kernel that arrives in one place and waits in others
+// (the fused schedule). rank_arrive writes `epoch` into every rank's barrier_arrivals[rank], this
+// rank's own last: a thread that sees its own arrival (rank_wait acquires it) then also orders its
+// later writes to the peers' words after these, so a later epoch never lands before an earlier one.
+MEGAMOE_DEVICE void rank_arrive(const SymmView& view, ControlBlock* control, uint64_t epoch) {
+  for (int32_t i = 1; i <= view.num_ranks; ++i) {
+    const int32_t peer = (view.rank + i) % view.num_ranks;
+    st_release_sys(&view.map(control, peer)->barrier_arrivals[view.rank], epoch);
+  }
+}
+// Waits until every rank has arrived at `epoch` or later (one thread). False, with a timeout
+// recorded, if one did not in time.
+MEGAMOE_DEVICE bool rank_wait(const SymmView& view, ControlBlock* control, uint64_t epoch) {
+  for (int32_t peer = 0; peer < view.num_ranks; ++peer)
+    if (!wait_at_least_sys(view, control, &control->barrier_arrivals[peer], epoch, kWaitRankBarrier,
+                           static_cast<uint32_t>(peer)))
+      return false;
+  return true;
+}
 
 // Cross-rank barrier. Every thread of exactly one block per rank calls it (the same number of times on
 // every rank). Each rank writes its new epoch into every peer's barrier_arrivals[rank] and polls only

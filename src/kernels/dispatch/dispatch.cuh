@@ -53,46 +53,65 @@ struct StagedCopy {
   const uint32_t* source;  // nullptr: nothing to copy
   uint32_t* destination;
   uint64_t words;
+  uint32_t words_per_token;
 };
 struct StagedInputs {
   StagedCopy copies[3];
 };
 
-__device__ void stage_inputs(const StagedInputs& inputs) {
+// Copies tokens [token_begin, token_end) of every staged input, thread `thread` of `threads`.
+__device__ void stage_inputs(const StagedInputs& inputs, uint32_t token_begin, uint32_t token_end, uint64_t thread,
+                             uint64_t threads) {
   constexpr uint32_t kUnroll = 4;  // 16-byte vectors in flight per thread
-  const uint64_t thread = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x;
-  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
-  for (const StagedCopy& copy : inputs.copies) {
-    if (copy.source == nullptr) continue;
+  for (const StagedCopy& whole : inputs.copies) {
+    if (whole.source == nullptr) continue;
+    const uint64_t first_word = uint64_t{token_begin} * whole.words_per_token;
+    const StagedCopy copy{whole.source + first_word, whole.destination + first_word,
+                          uint64_t{token_end - token_begin} * whole.words_per_token, whole.words_per_token};
     const bool aligned = ((reinterpret_cast<uintptr_t>(copy.source) | reinterpret_cast<uintptr_t>(copy.destination)) & 15) == 0;
     const uint64_t vectors = aligned ? copy.words / 4 : 0;
     const uint4* source = reinterpret_cast<const uint4*>(copy.source);
     uint4* destination = reinterpret_cast<uint4*>(copy.destination);
-    for (uint64_t first = thread; first < vectors; first += kUnroll * stride) {
+    for (uint64_t first = thread; first < vectors; first += kUnroll * threads) {
       uint4 parts[kUnroll];
 #pragma unroll
       for (uint32_t j = 0; j < kUnroll; ++j)
-        if (first + j * stride < vectors) parts[j] = source[first + j * stride];
+        if (first + j * threads < vectors) parts[j] = source[first + j * threads];
 #pragma unroll
       for (uint32_t j = 0; j < kUnroll; ++j)
-        if (first + j * stride < vectors) destination[first + j * stride] = parts[j];
+        if (first + j * threads < vectors) destination[first + j * threads] = parts[j];
     }
-    for (uint64_t i = vectors * 4 + thread; i < copy.words; i += stride) copy.destination[i] = copy.source[i];
+    for (uint64_t i = vectors * 4 + thread; i < copy.words; i += threads) copy.destination[i] = copy.source[i];
   }
 }
 
-// expert_cursor: num_experts u32 in shared memory.
-__device__ void count_and_scatter(const DispatchArgs& a, uint32_t* expert_cursor) {
+// The shared experts read this rank's own tokens: their scales, K-block-major, for tokens
+// [token_begin, token_end), thread `thread` of `threads`.
+__device__ void stage_shared_scales(const DispatchArgs& a, uint32_t token_begin, uint32_t token_end, uint64_t thread,
+                                    uint64_t threads) {
+  if (a.problem.recipe == Recipe::bf16 || a.problem.num_shared_experts == 0) return;
+  const uint32_t hidden_blocks = a.layout.hidden_blocks;
+  const float* x_scales = BufferLayout::at<float>(a.view.local(), a.layout.x_scales);
+  float* shared_scales = BufferLayout::at<float>(a.view.local(), a.layout.shared_x_scales);
+  const uint64_t first = uint64_t{token_begin} * hidden_blocks, end = uint64_t{token_end} * hidden_blocks;
+  for (uint64_t i = first + thread; i < end; i += threads) {
+    const uint64_t token = i / hidden_blocks, kb = i % hidden_blocks;
+    shared_scales[kb * a.layout.max_tokens + token] = x_scales[i];
+  }
+}
+
+// Counts routes [begin, end) per global expert, takes their first slots from the per-expert send
+// counters, and scatters each route into its owner's src_index table. expert_cursor: num_experts u32
+// in shared memory; thread `thread` of the `threads` that call it together, `sync` their barrier.
+template <class Sync>
+__device__ void count_and_scatter(const DispatchArgs& a, uint32_t begin, uint32_t end, uint32_t* expert_cursor,
+                                  uint32_t thread, uint32_t threads, const Sync& sync) {
   const uint32_t num_experts = static_cast<uint32_t>(a.problem.num_experts);
   const uint32_t experts_per_rank = a.layout.experts_per_rank;
-  const uint32_t routes = static_cast<uint32_t>(a.num_tokens) * static_cast<uint32_t>(a.problem.top_k);
-  const uint32_t per_block = (routes + gridDim.x - 1) / gridDim.x;
-  const uint32_t begin = blockIdx.x * per_block;
-  const uint32_t end = begin + per_block < routes ? begin + per_block : routes;
 
-  for (uint32_t e = threadIdx.x; e < num_experts; e += blockDim.x) expert_cursor[e] = 0;
-  __syncthreads();
-  for (uint32_t route = begin + threadIdx.x; route < end; route += blockDim.x) {
+  for (uint32_t e = thread; e < num_experts; e += threads) expert_cursor[e] = 0;
+  sync();
+  for (uint32_t route = begin + thread; route < end; route += threads) {
     const int32_t expert = a.topk_idx[route];
     if (expert == -1) continue;
     if (expert < -1 || expert >= static_cast<int32_t>(num_experts)) {
@@ -101,17 +120,17 @@ __device__ void count_and_scatter(const DispatchArgs& a, uint32_t* expert_cursor
     }
     atomicAdd(&expert_cursor[expert], 1u);
   }
-  __syncthreads();
-  // This block's first slot in each (expert, this rank) table.
+  sync();
+  // These routes' first slot in each (expert, this rank) table.
   uint64_t* send_count = a.layout.send_count(a.view.local());
-  for (uint32_t e = threadIdx.x; e < num_experts; e += blockDim.x) {
+  for (uint32_t e = thread; e < num_experts; e += threads) {
     if (expert_cursor[e] == 0) continue;
     expert_cursor[e] = static_cast<uint32_t>(
         atomicAdd(reinterpret_cast<unsigned long long*>(send_count + e), static_cast<unsigned long long>(expert_cursor[e])));
   }
-  __syncthreads();
+  sync();
   const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
-  for (uint32_t route = begin + threadIdx.x; route < end; route += blockDim.x) {
+  for (uint32_t route = begin + thread; route < end; route += threads) {
     const int32_t expert = a.topk_idx[route];
     if (expert < 0 || expert >= static_cast<int32_t>(num_experts)) continue;
     const uint32_t slot = atomicAdd(&expert_cursor[expert], 1u);
@@ -126,15 +145,14 @@ __device__ void count_and_scatter(const DispatchArgs& a, uint32_t* expert_cursor
   }
 }
 
-// One block, once every block's counts are in send_count: sends this rank's per-expert route counts
-// to the owners, resets the send counters for the next call, then waits until every rank has done
-// the same.
-__device__ void publish_counts(const DispatchArgs& a) {
+// Once every route's slot is taken: sends each owner the number of routes this rank sent to each of
+// its experts, and resets the send counters for the next call (thread `thread` of `threads`).
+__device__ void send_counts(const DispatchArgs& a, uint32_t thread, uint32_t threads) {
   const uint32_t num_experts = static_cast<uint32_t>(a.problem.num_experts);
   const uint32_t experts_per_rank = a.layout.experts_per_rank;
   const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
   uint64_t* send_count = a.layout.send_count(a.view.local());
-  for (uint32_t e = threadIdx.x; e < num_experts; e += blockDim.x) {
+  for (uint32_t e = thread; e < num_experts; e += threads) {
     device::GpuRef<uint64_t> sent(send_count[e]);
     const uint32_t count = static_cast<uint32_t>(sent.load(cuda::memory_order_relaxed));
     sent.store(0, cuda::memory_order_relaxed);
@@ -142,6 +160,12 @@ __device__ void publish_counts(const DispatchArgs& a) {
                                              static_cast<uint32_t>(a.view.rank), num_ranks);
     *a.view.map(slot, static_cast<int32_t>(e / experts_per_rank)) = count;
   }
+}
+
+// One block, once every block's counts are in send_count: sends the counts, then waits until every
+// rank has done the same.
+__device__ void publish_counts(const DispatchArgs& a) {
+  send_counts(a, threadIdx.x, blockDim.x);
   __threadfence_system();
   device::rank_barrier(a.view, a.layout);
 }
@@ -157,8 +181,14 @@ __global__ void send_routes(const DispatchArgs a, const StagedInputs staged) {
   ControlBlock* control = a.layout.control_block(a.view.local());
   const bool timed_out = device::rank_timed_out(control);
   if (!timed_out) {
-    stage_inputs(staged);
-    count_and_scatter(a, expert_cursor);
+    stage_inputs(staged, 0, static_cast<uint32_t>(a.num_tokens), blockIdx.x * uint64_t{blockDim.x} + threadIdx.x,
+                 uint64_t{gridDim.x} * blockDim.x);
+    const uint32_t routes = static_cast<uint32_t>(a.num_tokens) * static_cast<uint32_t>(a.problem.top_k);
+    const uint32_t per_block = (routes + gridDim.x - 1) / gridDim.x;
+    const uint32_t begin = blockIdx.x * per_block;
+    const uint32_t end = begin + per_block < routes ? begin + per_block : routes;
+    count_and_scatter(a, begin < routes ? begin : routes, end, expert_cursor, threadIdx.x, blockDim.x,
+                      [] { __syncthreads(); });
   }
   // The staged inputs and the indices scattered to peers, system-wide before the last block's barrier
   // releases them.
@@ -183,8 +213,11 @@ struct PoolSegments {
   }
 };
 
-// Builds segment_begin[] (and expert_rows in the buffer from block 0) from the received counts.
-__device__ void build_segments(const DispatchArgs& a, uint32_t* segment_begin) {
+// Builds segment_begin[] from the received counts (thread `thread` of `threads`, barrier `sync`, warp 0
+// among them scans); with `publish`, also expert_rows in the buffer and the receive statistics.
+template <class Sync>
+__device__ void build_segments(const DispatchArgs& a, uint32_t* segment_begin, uint32_t thread, uint32_t threads,
+                               const Sync& sync, bool publish) {
   const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
   const uint32_t segments = a.layout.experts_per_rank * num_ranks;
   const uint32_t* recv_count = a.layout.recv_count_ptr(a.view.local(), 0, 0, num_ranks);
@@ -192,18 +225,66 @@ __device__ void build_segments(const DispatchArgs& a, uint32_t* segment_begin) {
   // scans them in place. (Scanning straight from global memory waited one round trip per 32
   // segments: 8 at 256 experts on one GPU, about half of this kernel's time at one token.)
 #pragma unroll 4
-  for (uint32_t s = threadIdx.x; s < segments; s += blockDim.x) segment_begin[s] = recv_count[s];
-  __syncthreads();
-  if (threadIdx.x < 32)
-    device::warp_exclusive_prefix(segments, threadIdx.x, segment_begin, [&](uint32_t s) { return segment_begin[s]; });
-  __syncthreads();
-  if (blockIdx.x == 0) {
+  for (uint32_t s = thread; s < segments; s += threads) segment_begin[s] = recv_count[s];
+  sync();
+  if (thread < 32)
+    device::warp_exclusive_prefix(segments, thread, segment_begin, [&](uint32_t s) { return segment_begin[s]; });
+  sync();
+  if (publish) {
     uint32_t* expert_rows = BufferLayout::at<uint32_t>(a.view.local(), a.layout.expert_rows);
-    for (uint32_t e = threadIdx.x; e <= a.layout.experts_per_rank; e += blockDim.x) {
+    for (uint32_t e = thread; e <= a.layout.experts_per_rank; e += threads) {
       expert_rows[e] = segment_begin[e * num_ranks];
       if (a.recv_stats != nullptr && e < a.layout.experts_per_rank)
         a.recv_stats[e] += segment_begin[(e + 1) * num_ranks] - segment_begin[e * num_ranks];
     }
+  }
+}
+
+// Pulls pool row `row` (warp-wide, `lane`): its source, then the row, its scales and its route weight
+// loaded together (at decode each row's round trips are the pull's time), then all of them stored.
+// kUnroll: 16-byte vectors in flight per lane.
+template <int kUnroll = device::kPullRowUnroll>
+__device__ void pull_row(const DispatchArgs& a, const PoolSegments& segments, uint32_t row, uint32_t lane) {
+  const uint32_t num_ranks = segments.num_ranks;
+  const uint32_t row_bytes = static_cast<uint32_t>(a.problem.hidden) * a.layout.activation_bytes;
+  const uint32_t hidden_blocks = a.layout.hidden_blocks;
+  const bool scaled = a.problem.recipe != Recipe::bf16;
+  float* pool_scales = BufferLayout::at<float>(a.view.local(), a.layout.l1_pool_scales);
+  float* pool_weight = BufferLayout::at<float>(a.view.local(), a.layout.pool_weight);
+  PoolSource* pool_source = BufferLayout::at<PoolSource>(a.view.local(), a.layout.pool_source);
+  constexpr uint32_t kEarlyScales = 2;  // per lane: DeepSeek-V3's 56 K blocks
+  const uint32_t segment = segments.find(row);
+  const uint32_t src_rank = segment % num_ranks;
+  const uint32_t token_topk = a.layout.src_index_ptr(a.view.local(), segment / num_ranks, src_rank,
+                                                     num_ranks)[row - segments.segment_begin[segment]];
+  const uint32_t token = token_topk / static_cast<uint32_t>(a.problem.top_k);
+  const char* source_buffer = a.view.peers[src_rank];
+  const float* source_scales =
+      reinterpret_cast<const float*>(source_buffer + a.layout.x_scales.offset) + uint64_t{token} * hidden_blocks;
+  float scales[kEarlyScales];
+#pragma unroll
+  for (uint32_t i = 0; i < kEarlyScales; ++i) {
+    const uint32_t kb = lane + 32 * i;
+    scales[i] = scaled && kb < hidden_blocks ? source_scales[kb] : 0.0f;
+  }
+  const float weight =
+      lane == 0 ? reinterpret_cast<const float*>(source_buffer + a.layout.topk_weights.offset)[token_topk] : 0.0f;
+  device::copy_row_vector<kUnroll>(
+      source_buffer + a.layout.x.offset + uint64_t{token} * row_bytes,
+      a.view.local() + a.layout.l1_pool.offset + uint64_t{row} * row_bytes, row_bytes, lane);
+  // Scales K-block-major: one TMA box then holds a GEMM tile's scales.
+  if (scaled) {
+#pragma unroll
+    for (uint32_t i = 0; i < kEarlyScales; ++i) {
+      const uint32_t kb = lane + 32 * i;
+      if (kb < hidden_blocks) pool_scales[uint64_t{kb} * a.layout.pool_rows + row] = scales[i];
+    }
+    for (uint32_t kb = lane + 32 * kEarlyScales; kb < hidden_blocks; kb += 32)
+      pool_scales[uint64_t{kb} * a.layout.pool_rows + row] = source_scales[kb];
+  }
+  if (lane == 0) {
+    pool_weight[row] = weight;
+    pool_source[row] = PoolSource{src_rank, token_topk};
   }
 }
 
@@ -213,70 +294,16 @@ __global__ void pull(const DispatchArgs a) {
   wait_for_prior_kernels();
   allow_next_kernel();
   if (device::rank_timed_out(a.layout.control_block(a.view.local()))) return;
-  build_segments(a, segment_begin);
+  build_segments(a, segment_begin, threadIdx.x, blockDim.x, [] { __syncthreads(); }, blockIdx.x == 0);
   const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
   const PoolSegments segments{segment_begin, a.layout.experts_per_rank * num_ranks, num_ranks};
   const uint32_t total_rows = segment_begin[segments.num_segments];
-  const uint32_t row_bytes = static_cast<uint32_t>(a.problem.hidden) * a.layout.activation_bytes;
-  const uint32_t lane = threadIdx.x % 32;
   const uint32_t warps = blockDim.x / 32;
   const uint32_t first_warp = blockIdx.x * warps + threadIdx.x / 32;
   const uint32_t total_warps = gridDim.x * warps;
-
-  // A warp per row: its source, then the row, its first scales and its route weight loaded together
-  // (at decode each row's round trips are the pull's time), then all of them stored.
-  const uint32_t hidden_blocks = a.layout.hidden_blocks;
-  const bool scaled = a.problem.recipe != Recipe::bf16;
-  float* pool_scales = BufferLayout::at<float>(a.view.local(), a.layout.l1_pool_scales);
-  float* pool_weight = BufferLayout::at<float>(a.view.local(), a.layout.pool_weight);
-  PoolSource* pool_source = BufferLayout::at<PoolSource>(a.view.local(), a.layout.pool_source);
-  constexpr uint32_t kEarlyScales = 2;  // per lane: DeepSeek-V3's 56 K blocks
-  for (uint32_t row = first_warp; row < total_rows; row += total_warps) {
-    const uint32_t segment = segments.find(row);
-    const uint32_t src_rank = segment % num_ranks;
-    const uint32_t token_topk =
-        a.layout.src_index_ptr(a.view.local(), segment / num_ranks, src_rank, num_ranks)[row - segment_begin[segment]];
-    const uint32_t token = token_topk / static_cast<uint32_t>(a.problem.top_k);
-    const char* source_buffer = a.view.peers[src_rank];
-    const float* source_scales =
-        reinterpret_cast<const float*>(source_buffer + a.layout.x_scales.offset) + uint64_t{token} * hidden_blocks;
-    float scales[kEarlyScales];
-#pragma unroll
-    for (uint32_t i = 0; i < kEarlyScales; ++i) {
-      const uint32_t kb = lane + 32 * i;
-      scales[i] = scaled && kb < hidden_blocks ? source_scales[kb] : 0.0f;
-    }
-    const float weight =
-        lane == 0 ? reinterpret_cast<const float*>(source_buffer + a.layout.topk_weights.offset)[token_topk] : 0.0f;
-    device::copy_row_vector<device::kPullRowUnroll>(
-        source_buffer + a.layout.x.offset + uint64_t{token} * row_bytes,
-        a.view.local() + a.layout.l1_pool.offset + uint64_t{row} * row_bytes, row_bytes, lane);
-    // Scales K-block-major: one TMA box then holds a GEMM tile's scales.
-    if (scaled) {
-#pragma unroll
-      for (uint32_t i = 0; i < kEarlyScales; ++i) {
-        const uint32_t kb = lane + 32 * i;
-        if (kb < hidden_blocks) pool_scales[uint64_t{kb} * a.layout.pool_rows + row] = scales[i];
-      }
-      for (uint32_t kb = lane + 32 * kEarlyScales; kb < hidden_blocks; kb += 32)
-        pool_scales[uint64_t{kb} * a.layout.pool_rows + row] = source_scales[kb];
-    }
-    if (lane == 0) {
-      pool_weight[row] = weight;
-      pool_source[row] = PoolSource{src_rank, token_topk};
-    }
-  }
-
-  // The shared experts read this rank's own tokens: their scales, K-block-major.
-  if (scaled && a.problem.num_shared_experts > 0) {
-    const float* x_scales = BufferLayout::at<float>(a.view.local(), a.layout.x_scales);
-    float* shared_scales = BufferLayout::at<float>(a.view.local(), a.layout.shared_x_scales);
-    const uint32_t count = static_cast<uint32_t>(a.num_tokens) * hidden_blocks;
-    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) {
-      const uint32_t token = i / hidden_blocks, kb = i % hidden_blocks;
-      shared_scales[uint64_t{kb} * a.layout.max_tokens + token] = x_scales[i];
-    }
-  }
+  for (uint32_t row = first_warp; row < total_rows; row += total_warps) pull_row(a, segments, row, threadIdx.x % 32);
+  stage_shared_scales(a, 0, static_cast<uint32_t>(a.num_tokens), blockIdx.x * uint64_t{blockDim.x} + threadIdx.x,
+                      uint64_t{gridDim.x} * blockDim.x);
 }
 
 }  // namespace megamoe::dispatch

@@ -59,6 +59,10 @@ void validate_operands(const GemmOperands& operands, uint32_t element_bytes, boo
             "act_scales", "must be a 16-byte aligned device pointer for the ", to_string(operands.recipe), " recipe");
   }
   require(operands.timeout_ns > 0, "timeout_ns", "must be positive");
+  const TileShape tile = operands.tile;
+  require(tile.layout == TileLayout::tokens_on_m ? tile.block_n == 128 : tile.block_n == 16 || tile.block_n == 64,
+          "tile", "must be one of choose_tile's shapes (", to_string(tile.layout), " with ", tile.block_n,
+          " tokens is not)");
   const SplitWorkspace& workspace = operands.split_workspace;
   require(workspace.data == nullptr || reinterpret_cast<uintptr_t>(workspace.data) % 16 == 0,
           "split_workspace.data", "must be a 16-byte aligned device pointer or nullptr");

@@ -26,36 +26,6 @@ struct SplitWorkspace {
   uint64_t bytes = 0;
 };
 
-struct GemmOperands {
-  Recipe recipe = Recipe::fp8;
-  uint32_t num_groups = 0;  // groups the weight tensor holds (TMA bounds)
-  uint32_t n_out = 0;       // weight rows per group: 2 * intermediate for L1, hidden for L2
-  uint32_t k = 0;           // hidden for L1, intermediate for L2
-  const void* weights = nullptr;         // fp8_fp4: packed E2M1 pairs, [groups][n_out][k / 2] bytes
-  const float* weight_scales = nullptr;  // fp8: [groups][n_out / 64][k / 128]; fp8_fp4: derived (fp4_scales.h)
-  const uint8_t* weight_shifts = nullptr;  // fp8_fp4: [k / 128][groups * n_out][4] (fp4_scales.h)
-  const void* acts = nullptr;            // [act_rows][k]
-  const float* act_scales = nullptr;     // fp8: [k / 128][act_rows]
-  uint32_t act_rows = 0;                 // a multiple of 4
-  GroupRows groups;
-  uint32_t expected_rows_per_group = 0;  // picks the token tile (BLOCK_N)
-  uint64_t timeout_ns = 0;
-  ControlBlock* control = nullptr;  // where a stuck pipeline is recorded (nullable)
-  uint32_t rank = 0;             // for that record
-  SplitWorkspace split_workspace;  // the first job's serves the launch
-  // The first job's: launch while the stream's previous kernel runs (kernels/overlapped_launch.cuh).
-  bool overlapped_launch = false;
-};
-
-// L1 output: SiLU(gate) * up * route weight, re-quantized per 1x128 (fp8) or BF16, into `acts`
-// [rows][n_out / 2] and `scales` [n_out / 2 / 128][scale_rows].
-struct SwigluOutput {
-  void* acts = nullptr;
-  float* scales = nullptr;
-  const float* row_weights = nullptr;  // nullptr: weight 1
-  uint32_t scale_rows = 0;
-};
-
 // The tile the heuristic picks for a launch of `num_groups` groups of about this many rows each:
 // weights_on_m (weight streaming) with 16 or 64 tokens, and tokens_on_m with 128 from
 // tokens_on_m_rows(recipe). 16-token tiles have six stages and split K for launches of
@@ -83,9 +53,40 @@ struct TileShape {
 TileShape choose_tile(uint32_t expected_rows_per_group, uint32_t num_groups, Recipe recipe);
 const char* to_string(TileLayout layout);
 
+struct GemmOperands {
+  Recipe recipe = Recipe::fp8;
+  uint32_t num_groups = 0;  // groups the weight tensor holds (TMA bounds)
+  uint32_t n_out = 0;       // weight rows per group: 2 * intermediate for L1, hidden for L2
+  uint32_t k = 0;           // hidden for L1, intermediate for L2
+  const void* weights = nullptr;         // fp8_fp4: packed E2M1 pairs, [groups][n_out][k / 2] bytes
+  const float* weight_scales = nullptr;  // fp8: [groups][n_out / 64][k / 128]; fp8_fp4: derived (fp4_scales.h)
+  const uint8_t* weight_shifts = nullptr;  // fp8_fp4: [k / 128][groups * n_out][4] (fp4_scales.h)
+  const void* acts = nullptr;            // [act_rows][k]
+  const float* act_scales = nullptr;     // fp8: [k / 128][act_rows]
+  uint32_t act_rows = 0;                 // a multiple of 4
+  GroupRows groups;
+  TileShape tile{TileLayout::weights_on_m, 0};  // the caller's choose_tile (the first job's serves the launch)
+  uint64_t timeout_ns = 0;
+  ControlBlock* control = nullptr;  // where a stuck pipeline is recorded (nullable)
+  uint32_t rank = 0;             // for that record
+  SplitWorkspace split_workspace;  // the first job's serves the launch
+  // The first job's: launch while the stream's previous kernel runs (kernels/overlapped_launch.cuh).
+  bool overlapped_launch = false;
+};
+
+// L1 output: SiLU(gate) * up * route weight, re-quantized per 1x128 (fp8) or BF16, into `acts`
+// [rows][n_out / 2] and `scales` [n_out / 2 / 128][scale_rows].
+struct SwigluOutput {
+  void* acts = nullptr;
+  float* scales = nullptr;
+  const float* row_weights = nullptr;  // nullptr: weight 1
+  uint32_t scale_rows = 0;
+};
+
+
 // One GEMM of a launch and where its results go. A launch runs one job, or two when the second is
 // a single group of host-known rows (the shared experts beside the routed ones): one persistent
-// grid then balances both. The tile shape follows the first job's expected rows.
+// grid then balances both. The tile shape is the first job's.
 struct SwigluJob {
   GemmOperands operands;
   SwigluOutput output;

@@ -34,21 +34,10 @@ inline constexpr bool kRegistersFit =
         128 * static_cast<int>(Config::kMathWarpgroups) * kMathRegisters<Config> <=
     kLaunchRegisters<Config> * static_cast<int>(Config::kThreads);
 
-template <class Config, class Epilogue>
-__global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmJobs<Epilogue> jobs) {
-  static_assert(kRegistersFit<Config>, "setmaxnreg split exceeds the CTA's registers at launch");
-  // Aligned for the 128-byte swizzle atoms: the compiler then folds SharedStorage's padding to zero
-  // and every stage address, hence every wgmma descriptor, to constants plus the stage offset.
-  extern __shared__ __align__(1024) uint8_t smem_raw[];
-  const MainloopArgs& first = jobs.job[0].args;
-  const SharedStorage<Config> smem(smem_raw);
-  const uint32_t thread = threadIdx.x;
-  const uint32_t warpgroup = thread / 128;
-  const uint32_t warp = (thread % 128) / 32;
-  const uint32_t lane = thread % 32;
-
-  // The barriers and the E2M1 tables are shared memory only: set up before waiting for the previous
-  // kernels of an overlapped launch (kernels/overlapped_launch.cuh).
+// The stage ring's barriers and, with packed weights, the E2M1 tables; all threads call it, followed
+// by a CTA-wide barrier before the ring is used.
+template <class Config>
+__device__ __forceinline__ void init_pipeline(const SharedStorage<Config>& smem, uint32_t thread) {
   if (thread == 0) {
     const uint32_t full_arrivals = Config::kFullArrivals;  // by value: the wrapper takes a reference
     for (uint32_t stage = 0; stage < Config::kStages; ++stage) {
@@ -66,6 +55,24 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
       smem.e2m1_tables()[thread] = make_uint2(table.low, table.high);
     }
   }
+}
+
+template <class Config, class Epilogue>
+__global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmJobs<Epilogue> jobs) {
+  static_assert(kRegistersFit<Config>, "setmaxnreg split exceeds the CTA's registers at launch");
+  // Aligned for the 128-byte swizzle atoms: the compiler then folds SharedStorage's padding to zero
+  // and every stage address, hence every wgmma descriptor, to constants plus the stage offset.
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const MainloopArgs& first = jobs.job[0].args;
+  const SharedStorage<Config> smem(smem_raw);
+  const uint32_t thread = threadIdx.x;
+  const uint32_t warpgroup = thread / 128;
+  const uint32_t warp = (thread % 128) / 32;
+  const uint32_t lane = thread % 32;
+
+  // The barriers and the E2M1 tables are shared memory only: set up before waiting for the previous
+  // kernels of an overlapped launch (kernels/overlapped_launch.cuh).
+  init_pipeline<Config>(smem, thread);
   wait_for_prior_kernels();
   allow_next_kernel();
   if (first.watch.control != nullptr && device::rank_timed_out(first.watch.control)) return;

@@ -6,6 +6,8 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
+#include <mutex>
+
 #include "kernels/gemm/gemm.h"
 #include "kernels/gemm/grouped_gemm.cuh"
 #include "kernels/gemm/tensor_map.h"
@@ -16,9 +18,26 @@ namespace megamoe::gemm {
 
 void check_launch(cudaError_t status, const char* what);
 
+inline constexpr int kMaxDevices = 64;
+
 template <class Policy>
 constexpr CUtensorMapDataType operand_type() {
   return Policy::kElementBytes == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+}
+
+// A kernel's shared-memory limit is an attribute of each device: set once per device a process
+// launches on (a process may drive several GPUs).
+template <auto kKernel>
+void configure_once_per_device(uint32_t smem_bytes, const char* what) {
+  static std::once_flag once[kMaxDevices];
+  int device = 0;
+  check_launch(cudaGetDevice(&device), "cudaGetDevice");
+  require(device >= 0 && device < kMaxDevices, "device", "index ", device, " is past the ", kMaxDevices,
+          " devices a process may launch on");
+  std::call_once(once[device], [&] {
+    check_launch(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)),
+                 what);
+  });
 }
 
 // The TMA descriptors and mainloop arguments of one job under a config.
@@ -75,12 +94,7 @@ void launch_config(std::span<const Job> jobs, int grid, cudaStream_t stream) {
   }
 
   auto kernel = grouped_gemm_kernel<Config, Epilogue>;
-  static const bool configured = [&] {
-    check_launch(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSmemBytes),
-                 "cudaFuncSetAttribute(grouped GEMM shared memory)");
-    return true;
-  }();
-  (void)configured;
+  configure_once_per_device<grouped_gemm_kernel<Config, Epilogue>>(Config::kSmemBytes, "grouped GEMM");
   check_launch(launch_kernel(kernel, grid, Config::kThreads, Config::kSmemBytes, stream,
                              jobs[0].operands.overlapped_launch, params),
                "grouped GEMM launch");
@@ -97,7 +111,7 @@ inline constexpr bool kStoreWarpsFor<StoreEpilogueFor> = true;
 void validate_jobs(std::span<const GemmOperands* const> operands, uint32_t element_bytes, bool scaled);
 void validate_packed_weights(const GemmOperands& operands);
 
-// Launches the kernel of the tile shape the heuristic picks for the first job's expected rows.
+// Launches the kernel of the first job's tile shape.
 template <class Policy, template <class> class EpilogueFor, class Job>
 void launch_policy(std::span<const Job> jobs, int grid, cudaStream_t stream) {
   require(!jobs.empty() && jobs.size() <= kMaxJobs, "jobs", "a launch runs 1..", kMaxJobs, " GEMMs, got ",
@@ -110,7 +124,7 @@ void launch_policy(std::span<const Job> jobs, int grid, cudaStream_t stream) {
   require(grid >= 1, "grid", "must be at least 1, got ", grid);
   const auto launch = [&](auto config) { launch_config<decltype(config), EpilogueFor>(jobs, grid, stream); };
   const GemmOperands& first = jobs[0].operands;
-  const TileShape shape = choose_tile(first.expected_rows_per_group, first.num_groups, Policy::kRecipe);
+  const TileShape shape = first.tile;
   if (shape.layout == TileLayout::tokens_on_m) {
     if constexpr (kStoreWarpsFor<EpilogueFor> && !Policy::kPackedWeights)
       return launch(GemmConfig<Policy, TileLayout::tokens_on_m, 128, true>{});

@@ -87,6 +87,69 @@ __device__ uint32_t next_unit(const SharedStorage<Config>& smem, const RingPosit
   return *smem.unit_slot(ring.stage);
 }
 
+// Loads work unit `index` (its K blocks' stages) into the ring: one thread.
+template <class Config, class Epilogue>
+__device__ __forceinline__ void issue_unit(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
+                                           const GemmJob<Epilogue>& job, const WorkUnit& unit, uint32_t index) {
+  const Tile& tile = unit.tile;
+  const MainloopArgs& args = job.args;
+  const int32_t weight_row = static_cast<int32_t>(tile.group * args.n_out + tile.m_tile * Config::kBlockM);
+  for (uint32_t kb = unit.k_blocks.begin; kb < unit.k_blocks.end; ++kb) {
+    wait_barrier<Config>(smem.empty(ring.stage), ring.phase ^ 1, args.watch, ring.stage);
+    if (kb == unit.k_blocks.begin) *smem.unit_slot(ring.stage) = index;
+    cuda::ptx::mbarrier_arrive(smem.unit_ready(ring.stage));
+    uint64_t* full = smem.full(ring.stage);
+    const uint32_t stage_bytes = Config::kStageTxBytes;  // by value: the wrapper takes a reference
+    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                         full, stage_bytes);
+    const int32_t k_coord = static_cast<int32_t>(kb * Config::kBlockK);
+    if constexpr (Config::kPacked) {
+      // E2M1 pairs (TMA zero-fills rows past the tensor) and the groups' shifts, for the converters.
+      uint64_t* raw_full = smem.raw_full(ring.stage);
+      const uint32_t rows_left = args.weight_rows - static_cast<uint32_t>(weight_row);
+      const uint32_t shift_bytes = (rows_left < Config::kBlockM ? rows_left : Config::kBlockM) * (Config::kBlockK / 32);
+      const uint32_t raw_bytes = Config::kRawWeightBytes + shift_bytes;
+      cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                           raw_full, raw_bytes);
+      const int32_t packed_coords[2] = {k_coord / 2, weight_row};
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
+                                      smem.raw_weights(ring.stage), &job.weights_map, packed_coords, raw_full);
+      cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.raw_shifts(ring.stage),
+                               args.weight_shifts + (uint64_t{kb} * args.weight_rows + weight_row) * 4, shift_bytes,
+                               raw_full);
+    } else {
+      const int32_t weight_coords[2] = {k_coord, weight_row};
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.weights(ring.stage),
+                                      &job.weights_map, weight_coords, full);
+    }
+    const int32_t token_coords[2] = {k_coord, static_cast<int32_t>(tile.row_begin)};
+    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.tokens(ring.stage),
+                                    &job.acts_map, token_coords, full);
+    if constexpr (Config::Policy::kScaled) {
+      const int32_t scale_coords[2] = {static_cast<int32_t>(tile.row_begin & ~(Config::kScaleAlignRows - 1)),
+                                       static_cast<int32_t>(kb)};
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
+                                      smem.act_scales(ring.stage), &job.act_scales_map, scale_coords, full);
+    }
+    ring.advance();
+  }
+}
+
+// Fills the ring's next stage with no bytes and `index` in its unit slot: the last stage of a
+// producer (index kNoUnit), or a unit the math warps run without operands (the fused schedule's
+// dispatch and combine units). The arrivals complete the stage's phases as the producer's.
+template <class Config>
+__device__ __forceinline__ void issue_empty_stage(const SharedStorage<Config>& smem,
+                                                  RingPosition<Config::kStages>& ring, uint32_t index,
+                                                  const PipelineWatch& watch) {
+  wait_barrier<Config>(smem.empty(ring.stage), ring.phase ^ 1, watch, ring.stage);
+  *smem.unit_slot(ring.stage) = index;
+  cuda::ptx::mbarrier_arrive(smem.unit_ready(ring.stage));
+  cuda::ptx::mbarrier_arrive(smem.full(ring.stage));
+  if constexpr (Config::kPacked) cuda::ptx::mbarrier_arrive(smem.raw_full(ring.stage));
+  ring.advance();
+}
+
 template <class Config, class Epilogue>
 __device__ void produce(const SharedStorage<Config>& smem, const TileScheduler<Config::kBlockN>& scheduler,
                         const GemmJobs<Epilogue>& jobs) {
@@ -95,57 +158,10 @@ __device__ void produce(const SharedStorage<Config>& smem, const TileScheduler<C
   uint32_t group_cursor = 0;
   for (uint32_t index = claims.first(); index < claims.num_units; index = claims.next(index)) {
     const WorkUnit unit = scheduler.unit(index, group_cursor);
-    const Tile& tile = unit.tile;
-    const GemmJob<Epilogue>& job = jobs.job[tile.job];
-    const MainloopArgs& args = job.args;
-    const int32_t weight_row = static_cast<int32_t>(tile.group * args.n_out + tile.m_tile * Config::kBlockM);
-    for (uint32_t kb = unit.k_blocks.begin; kb < unit.k_blocks.end; ++kb) {
-      wait_barrier<Config>(smem.empty(ring.stage), ring.phase ^ 1, args.watch, ring.stage);
-      if (kb == unit.k_blocks.begin) *smem.unit_slot(ring.stage) = index;
-      cuda::ptx::mbarrier_arrive(smem.unit_ready(ring.stage));
-      uint64_t* full = smem.full(ring.stage);
-      const uint32_t stage_bytes = Config::kStageTxBytes;  // by value: the wrapper takes a reference
-      cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
-                                           full, stage_bytes);
-      const int32_t k_coord = static_cast<int32_t>(kb * Config::kBlockK);
-      if constexpr (Config::kPacked) {
-        // E2M1 pairs (TMA zero-fills rows past the tensor) and the groups' shifts, for the converters.
-        uint64_t* raw_full = smem.raw_full(ring.stage);
-        const uint32_t rows_left = args.weight_rows - static_cast<uint32_t>(weight_row);
-        const uint32_t shift_bytes = (rows_left < Config::kBlockM ? rows_left : Config::kBlockM) * (Config::kBlockK / 32);
-        const uint32_t raw_bytes = Config::kRawWeightBytes + shift_bytes;
-        cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
-                                             raw_full, raw_bytes);
-        const int32_t packed_coords[2] = {k_coord / 2, weight_row};
-        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
-                                        smem.raw_weights(ring.stage), &job.weights_map, packed_coords, raw_full);
-        cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.raw_shifts(ring.stage),
-                                 args.weight_shifts + (uint64_t{kb} * args.weight_rows + weight_row) * 4, shift_bytes,
-                                 raw_full);
-      } else {
-        const int32_t weight_coords[2] = {k_coord, weight_row};
-        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.weights(ring.stage),
-                                        &job.weights_map, weight_coords, full);
-      }
-      const int32_t token_coords[2] = {k_coord, static_cast<int32_t>(tile.row_begin)};
-      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.tokens(ring.stage),
-                                      &job.acts_map, token_coords, full);
-      if constexpr (Config::Policy::kScaled) {
-        const int32_t scale_coords[2] = {static_cast<int32_t>(tile.row_begin & ~(Config::kScaleAlignRows - 1)),
-                                         static_cast<int32_t>(kb)};
-        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
-                                        smem.act_scales(ring.stage), &job.act_scales_map, scale_coords, full);
-      }
-      ring.advance();
-    }
+    issue_unit<Config>(smem, ring, jobs.job[unit.tile.job], unit, index);
   }
-  // The end: a stage with no bytes whose slot says so (the arrivals count as the producer's).
-  const PipelineWatch& watch = jobs.job[0].args.watch;
-  wait_barrier<Config>(smem.empty(ring.stage), ring.phase ^ 1, watch, ring.stage);
-  *smem.unit_slot(ring.stage) = kNoUnit;
-  cuda::ptx::mbarrier_arrive(smem.unit_ready(ring.stage));
-  cuda::ptx::mbarrier_arrive(smem.full(ring.stage));
-  if constexpr (Config::kPacked) cuda::ptx::mbarrier_arrive(smem.raw_full(ring.stage));
+  // The end: a stage with no bytes whose slot says so.
+  issue_empty_stage<Config>(smem, ring, kNoUnit, jobs.job[0].args.watch);
 }
 
 // fp8_fp4: expands a stage's E2M1 weight tile (groups of 32 codes in the kernels' sign-interleaved

@@ -35,11 +35,16 @@ enum class TileLayout {
 // the tile's BF16 rows and goes back to its wgmmas, and a store warp of the producer warpgroup (idle
 // without packed weights) copies them to their destinations (epilogue.cuh). The full-tile staging
 // area costs the ring its fourth stage.
-template <class Policy_, TileLayout kLayout_, uint32_t kBlockN_, bool kStoreWarps_ = false>
+//
+// kDispatchWarps_ (the fused schedule, kernels/fused): the producer warpgroup's other three warps run
+// the dispatch units; with packed weights the converters are then their own warpgroups' warps only.
+template <class Policy_, TileLayout kLayout_, uint32_t kBlockN_, bool kStoreWarps_ = false, bool kDispatchWarps_ = false>
 struct GemmConfig {
   using Policy = Policy_;
   static constexpr TileLayout kLayout = kLayout_;
   static constexpr bool kStoreWarps = kStoreWarps_;
+  static constexpr bool kDispatchWarps = kDispatchWarps_;
+  static_assert(!(kStoreWarps && kDispatchWarps), "store and dispatch warps would be the same warps");
   static_assert(!kStoreWarps || (kLayout == TileLayout::tokens_on_m && !Policy::kPackedWeights),
                 "store warps serve tokens_on_m tiles, from the producer warpgroup's idle warps");
   static constexpr uint32_t kBlockM = 256;        // weight rows per tile
@@ -75,7 +80,7 @@ struct GemmConfig {
   static constexpr uint32_t kShiftBytes = kPacked ? kBlockM * (kBlockK / 32) : 0;
   static constexpr uint32_t kRawStride = kRawWeightBytes + kShiftBytes;
   // Expanding a stage takes about 50 instructions per group of 32 weights: 7 or 11 warps share it.
-  static constexpr uint32_t kConverterWarps = kPacked ? 3 + 4 * kConverterWarpgroups : 0;
+  static constexpr uint32_t kConverterWarps = kPacked ? (kDispatchWarps ? 0 : 3) + 4 * kConverterWarpgroups : 0;
   static constexpr uint32_t kTableBytes = kPacked ? (kMaxE2M1Shift + 1) * sizeof(uint2) : 0;  // e2m1_table per shift
   // full[s] completes on TMA's bytes and the producer's arrival, plus each converter warp's.
   static constexpr uint32_t kStageTxBytes = (kPacked ? 0 : kWeightBytes) + kTokenBytes + kScaleBytes;
@@ -241,7 +246,8 @@ struct PipelineWatch {
 // Waits for the mbarrier phase of the given parity. These waits are inside one CTA, so a timeout means
 // a broken pipeline (a TMA fault or a bookkeeping bug): the first one records a DeviceError and every
 // wait then gives up at its next check, so the kernel ends and the host reports the record instead
-// of hanging.
+// of hanging. An input error (a bad expert id) is no reason to give up: its route is skipped and
+// the pipeline stays whole.
 // (No printf or trap here: a function call inside the wgmma pipeline would serialize it.)
 //
 // The checks are rare (every kPollsPerCheck polls): a system-scope load of the error record takes
@@ -264,7 +270,7 @@ __device__ __forceinline__ void wait_barrier(uint64_t* barrier, uint32_t parity,
   uint32_t polls = 0;
   while (!poll()) {
     if (watch.control == nullptr || ++polls % kPollsPerCheck != 0) continue;
-    if (*static_cast<volatile uint32_t*>(&watch.control->error.code) != kDeviceOk) return;
+    if (device::rank_timed_out(watch.control)) return;
     if (global_timer_ns() - start > watch.timeout_ns) {
       DeviceError error{};
       error.code = kDeviceTimeout;

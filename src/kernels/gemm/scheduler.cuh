@@ -131,6 +131,24 @@ struct WorkUnit {
   KRange k_blocks;
 };
 
+// Tile `local` of group `group` of job `job`, a group of `rows` rows from pool row `row_begin` with
+// `m_tiles` weight tiles (banded_tile's order). Both schedules' schedulers walk tiles through it.
+template <uint32_t kBlockN>
+__device__ Tile tile_of_group(uint32_t job, uint32_t group, uint32_t local, uint32_t row_begin, uint32_t rows,
+                              uint32_t m_tiles) {
+  const TileCoords coords = banded_tile(local, (rows + kBlockN - 1) / kBlockN, m_tiles);
+  Tile tile;
+  tile.job = job;
+  tile.group = group;
+  tile.m_tile = coords.m_tile;
+  const uint32_t n_tile = coords.n_tile;
+  tile.row_begin = row_begin + n_tile * kBlockN;
+  const uint32_t remaining = rows - n_tile * kBlockN;
+  tile.rows = remaining < kBlockN ? remaining : kBlockN;
+  tile.mma_rows = wgmma_rows(rows, tile.rows, kBlockN);
+  return tile;
+}
+
 template <uint32_t kBlockN>
 struct TileScheduler {
   uint32_t* tile_prefix;  // shared memory, num_groups + 1 entries (the first job)
@@ -217,21 +235,9 @@ struct TileScheduler {
                  m_tiles);
   }
 
- private:
-  // Tile `local` of a group of `rows` rows starting at pool row `row_begin`, with `m_tiles` m tiles.
   __device__ static Tile split(uint32_t job, uint32_t group, uint32_t local, uint32_t row_begin, uint32_t rows,
                                uint32_t m_tiles) {
-    const TileCoords coords = banded_tile(local, (rows + kBlockN - 1) / kBlockN, m_tiles);
-    Tile tile;
-    tile.job = job;
-    tile.group = group;
-    tile.m_tile = coords.m_tile;
-    const uint32_t n_tile = coords.n_tile;
-    tile.row_begin = row_begin + n_tile * kBlockN;
-    const uint32_t remaining = rows - n_tile * kBlockN;
-    tile.rows = remaining < kBlockN ? remaining : kBlockN;
-    tile.mma_rows = wgmma_rows(rows, tile.rows, kBlockN);
-    return tile;
+    return tile_of_group<kBlockN>(job, group, local, row_begin, rows, m_tiles);
   }
 };
 

@@ -1,0 +1,38 @@
+// Host entry of the fused schedule (CUDA translation units only): one persistent launch that runs
+// the whole layer (fused_layer.cuh).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/combine/combine.cuh"
+#include "kernels/dispatch/dispatch.cuh"
+#include "kernels/fused/units.h"
+#include "kernels/gemm/gemm.h"
+
+namespace megamoe::fused {
+
+// One call's launch: the routed and shared experts' GEMMs (all four in the routed tile shape; the
+// shared ones only when `shared`), the dispatch and combine arguments, and the units.
+struct FusedLaunch {
+  gemm::SwigluJob l1[2];  // routed, shared
+  gemm::StoreJob l2[2];   // routed, shared
+  bool shared = false;
+  dispatch::DispatchArgs dispatch;
+  dispatch::StagedInputs staged;
+  combine::CombineArgs combine;
+  UnitPlan plan;
+  bool overlapped_launch = false;  // launched while the stream's previous kernel runs
+};
+
+void launch(const FusedLaunch& launch, int grid, cudaStream_t stream);
+
+namespace detail {
+// One translation unit per recipe instantiates its kernels (fused_fp8.cu, fused_fp8_fp4.cu, fused_bf16.cu).
+void fp8(const FusedLaunch&, int, cudaStream_t);
+void fp8_fp4(const FusedLaunch&, int, cudaStream_t);
+void bf16(const FusedLaunch&, int, cudaStream_t);
+}  // namespace detail
+
+}  // namespace megamoe::fused

@@ -1,0 +1,56 @@
+// The fused schedule's launcher, instantiated per recipe: the GEMM jobs' TMA descriptors and
+// epilogues as the grouped GEMM's launcher makes them, and the config of the launch's tile shape.
+#pragma once
+
+#include "kernels/fused/fused.h"
+#include "kernels/fused/fused_layer.cuh"
+#include "kernels/gemm/launch.cuh"
+
+namespace megamoe::fused {
+
+template <class Config>
+void launch_config(const FusedLaunch& l, int grid, cudaStream_t stream) {
+  FusedParams<Config> params{};
+  const auto swiglu = [](const gemm::SwigluJob& job) {
+    return gemm::make_job<Config>(job.operands, gemm::SwigluEpilogueFor<Config>::make(job.operands, job.output));
+  };
+  const auto store = [](const gemm::StoreJob& job) {
+    return gemm::make_job<Config>(job.operands, gemm::StoreEpilogueFor<Config>::make(job.operands, job.output));
+  };
+  params.l1[0] = swiglu(l.l1[0]);
+  params.l2[0] = store(l.l2[0]);
+  if (l.shared) {
+    params.l1[1] = swiglu(l.l1[1]);
+    params.l2[1] = store(l.l2[1]);
+  }
+  params.dispatch = l.dispatch;
+  params.staged = l.staged;
+  params.combine = l.combine;
+  params.plan = l.plan;
+  gemm::configure_once_per_device<fused_layer_kernel<Config>>(Config::kSmemBytes, "fused layer kernel");
+  gemm::check_launch(launch_kernel(fused_layer_kernel<Config>, grid, Config::kThreads, Config::kSmemBytes, stream,
+                                   l.overlapped_launch, params),
+                     "fused layer launch");
+}
+
+template <class Policy>
+void launch_policy(const FusedLaunch& l, int grid, cudaStream_t stream) {
+  const gemm::GemmOperands* operands[4] = {&l.l1[0].operands, &l.l2[0].operands, &l.l1[1].operands,
+                                           &l.l2[1].operands};
+  for (size_t j = 0; j < (l.shared ? 4u : 2u); ++j) {
+    gemm::validate_jobs({operands + j, 1}, Policy::kElementBytes, Policy::kScaled);
+    if constexpr (Policy::kPackedWeights) gemm::validate_packed_weights(*operands[j]);
+    require(operands[j]->tile.layout == l.l1[0].operands.tile.layout &&
+                operands[j]->tile.block_n == l.l1[0].operands.tile.block_n,
+            "tile", "the fused schedule runs all four GEMMs in one tile shape");
+  }
+  require(grid >= 1, "grid", "must be at least 1, got ", grid);
+  const gemm::TileShape shape = l.l1[0].operands.tile;
+  if (shape.layout == gemm::TileLayout::tokens_on_m)
+    return launch_config<gemm::GemmConfig<Policy, gemm::TileLayout::tokens_on_m, 128, false, true>>(l, grid, stream);
+  if (shape.block_n == 16)
+    return launch_config<gemm::GemmConfig<Policy, gemm::TileLayout::weights_on_m, 16, false, true>>(l, grid, stream);
+  return launch_config<gemm::GemmConfig<Policy, gemm::TileLayout::weights_on_m, 64, false, true>>(l, grid, stream);
+}
+
+}  // namespace megamoe::fused

@@ -1,0 +1,548 @@
+// The fused schedule: the whole layer in one persistent launch per call and rank (units.h says in
+// which order its CTAs claim the work). Each CTA has the grouped GEMM's warp roles (grouped_gemm.cuh)
+// and dispatch warps:
+//   - the producer warp claims units in order. A GEMM unit's stages are loaded once what they read is
+//     ready (the rows of its expert pulled, or the L1 tiles of its token tile done); send and pull
+//     units go to the dispatch warps through a small queue; the first combine unit (or the end)
+//     ends its walk and is handed to the math warps with the ring's last stage;
+//   - the dispatch warps (the producer warpgroup's other three) run send and pull units with the
+//     staged schedule's dispatch functions, while the math warps run GEMMs;
+//   - the math warpgroups run GEMM units through the same mainloop and epilogues as the staged
+//     schedule, then claim and run the combine units themselves;
+//   - with packed weights, the converter warpgroups expand the GEMM units' weight tiles.
+// The math warps' loop holds nothing but GEMMs: with dispatch code in it, values hoisted out of the
+// loop held registers through the mainloop, which then spilled.
+// Readiness counters (layout.h, FusedCounters) are released after the writes they cover and acquired
+// before the TMA loads that read them (with proxy fences: the writes are generic, the loads async).
+// The last CTA to finish resets every counter for the next call.
+#pragma once
+
+#include <cuda/atomic>
+#include <cuda/ptx>
+
+#include <cstdint>
+
+#include "kernels/combine/combine.cuh"
+#include "kernels/dispatch/dispatch.cuh"
+#include "kernels/fused/units.h"
+#include "kernels/gemm/grouped_gemm.cuh"
+
+namespace megamoe::fused {
+
+template <class Config>
+struct FusedParams {
+  gemm::GemmJob<gemm::SwigluEpilogue<Config>> l1[2];  // routed, shared
+  gemm::GemmJob<gemm::StoreEpilogue<Config>> l2[2];   // routed, shared
+  dispatch::DispatchArgs dispatch;
+  dispatch::StagedInputs staged;
+  combine::CombineArgs combine;
+  UnitPlan plan;
+};
+
+__device__ __forceinline__ bool is_gemm(UnitKind kind) {
+  return kind == UnitKind::shared_l1 || kind == UnitKind::routed_l1 || kind == UnitKind::routed_l2 ||
+         kind == UnitKind::shared_l2;
+}
+__device__ __forceinline__ bool is_first_linear(UnitKind kind) {
+  return kind == UnitKind::routed_l1 || kind == UnitKind::shared_l1;
+}
+
+// The dispatch warps' table: a send unit's counts per global expert, or a pull unit's segments.
+inline constexpr uint32_t kDispatchTableEntries = (kMaxExperts > kMaxSegments ? kMaxExperts : kMaxSegments) + 1;
+inline constexpr uint32_t kQueueSlots = 4;
+// The ring's last stage carries, with this bit, the unit the producer claimed but did not run (the
+// first combine unit, or one past the last): the math warps run it and claim the rest.
+inline constexpr uint32_t kEndBit = 0x80000000u;
+
+// The fused schedule's shared memory beyond the GEMM's stages, in the GEMM scheduler's area (u32
+// words): the routed tiles' tables, the dispatch warps' table, their queue and its barriers, flags.
+struct FusedTables {
+  static constexpr uint32_t kTokenTilePrefix = 0;                                  // [kMaxLocalExperts + 1]
+  static constexpr uint32_t kGroupBegin = kTokenTilePrefix + kMaxLocalExperts + 1;  // [kMaxLocalExperts + 1]
+  static constexpr uint32_t kDispatchTable = kGroupBegin + kMaxLocalExperts + 1;   // [kDispatchTableEntries]
+  static constexpr uint32_t kQueueSlot = kDispatchTable + kDispatchTableEntries;   // [kQueueSlots]
+  static constexpr uint32_t kQueueFull = (kQueueSlot + kQueueSlots + 1) / 2 * 2;   // u64 mbarriers
+  static constexpr uint32_t kQueueEmpty = kQueueFull + 2 * kQueueSlots;
+  static constexpr uint32_t kBuilt = kQueueEmpty + 2 * kQueueSlots;
+  static constexpr uint32_t kDispatchFlag = kBuilt + 1;
+  static constexpr uint32_t kMathFlag = kDispatchFlag + 1;
+  static constexpr uint32_t kLastFlag = kMathFlag + 1;
+  static constexpr uint32_t kWords = kLastFlag + 1;
+};
+
+// The dispatch warps' barrier (named barrier 9: 1-8 are the GEMM's).
+inline constexpr uint32_t kDispatchThreads = 96;
+struct DispatchSync {
+  __device__ void operator()() const { asm volatile("bar.sync 9, %0;" ::"n"(kDispatchThreads) : "memory"); }
+};
+// The math warpgroups' barrier, as a callable.
+template <class Config>
+struct MathSync {
+  __device__ void operator()() const { gemm::math_barrier<Config>(); }
+};
+
+// The fused schedule's tiles and shared state. The routed experts' groups come from the received
+// counts, once every rank's are in: the producer builds the tables in shared memory before it
+// hands out the first unit that needs them, and the other walkers read them from there. Everything
+// else comes from the kernel's parameters when asked for, so that the math warps keep their registers.
+template <class Config>
+struct FusedScheduler {
+  static constexpr uint32_t kBlockN = Config::kBlockN;
+  static_assert(Config::kSchedulerBytes >= 4 * FusedTables::kWords, "the fused tables must fit the scheduler area");
+  const FusedParams<Config>& params;
+  const gemm::SharedStorage<Config>& smem;
+  uint32_t l1_cursor = 0, l2_cursor = 0;  // group_of_tile's, one per walk over the groups
+
+  __device__ uint32_t* words(uint32_t index) const { return smem.scheduler() + index; }
+  __device__ uint32_t* token_tile_prefix() const { return words(FusedTables::kTokenTilePrefix); }
+  __device__ uint32_t* group_begin() const { return words(FusedTables::kGroupBegin); }
+  __device__ uint32_t* dispatch_table() const { return words(FusedTables::kDispatchTable); }
+  __device__ uint32_t* queue_slot(uint32_t slot) const { return words(FusedTables::kQueueSlot + slot); }
+  __device__ uint64_t* queue_full(uint32_t slot) const {
+    return reinterpret_cast<uint64_t*>(words(FusedTables::kQueueFull)) + slot;
+  }
+  __device__ uint64_t* queue_empty(uint32_t slot) const {
+    return reinterpret_cast<uint64_t*>(words(FusedTables::kQueueEmpty)) + slot;
+  }
+  __device__ uint32_t* built_flag() const { return words(FusedTables::kBuilt); }
+
+  __device__ uint32_t num_groups() const { return params.dispatch.layout.experts_per_rank; }
+  __device__ const UnitPlan& plan() const { return params.plan; }
+  __device__ uint32_t l1_m_tiles() const { return params.l1[0].args.m_tiles; }
+  __device__ uint32_t l2_m_tiles() const { return params.l2[0].args.m_tiles; }
+  __device__ uint32_t shared_l1_m_tiles() const { return params.l1[1].args.m_tiles; }
+  __device__ uint32_t shared_rows() const { return static_cast<uint32_t>(params.dispatch.num_tokens); }
+
+  // The producer warp (all lanes), once every rank's counts are in.
+  __device__ void build(uint32_t lane) const {
+    const uint32_t num_ranks = static_cast<uint32_t>(view().num_ranks);
+    const uint32_t* recv_count = BufferLayout::at<uint32_t>(view().local(), params.dispatch.layout.recv_count);
+    uint32_t* begin = group_begin();
+    const uint32_t groups = num_groups();
+    // Each expert's rows: its counts from every source rank, all loads in flight, then one scan.
+    for (uint32_t g = lane; g < groups; g += 32) {
+      uint32_t rows = 0;
+      for (uint32_t r = 0; r < num_ranks; ++r) rows += recv_count[g * num_ranks + r];
+      begin[g] = rows;
+    }
+    __syncwarp();
+    device::warp_exclusive_prefix(groups, lane, begin, [&](uint32_t g) { return begin[g]; });
+    __syncwarp();
+    device::warp_exclusive_prefix(groups, lane, token_tile_prefix(), [&](uint32_t g) {
+      return (begin[g + 1] - begin[g] + kBlockN - 1) / kBlockN;
+    });
+    __syncwarp();
+    if (lane == 0) *built_flag() = 1;
+    __syncwarp();
+  }
+  __device__ bool built() const { return *static_cast<volatile uint32_t*>(built_flag()) != 0; }
+
+  __device__ uint32_t routed_token_tiles() const { return token_tile_prefix()[num_groups()]; }
+  __device__ uint32_t shared_token_tiles() const { return (shared_rows() + kBlockN - 1) / kBlockN; }
+  // Read only once built (units at or past first_routed_unit).
+  __device__ RoutedUnits routed() const {
+    const uint32_t tiles = routed_token_tiles();
+    return {tiles * l1_m_tiles(), tiles * l2_m_tiles()};
+  }
+  __device__ uint32_t l2_units() const { return routed().l2 + plan().shared_l2_units; }
+  __device__ UnitRef classify(uint32_t unit) const {
+    return fused::classify(plan(), unit >= first_routed_unit(plan()) ? routed() : RoutedUnits{}, unit);
+  }
+
+  // The tile of a GEMM unit; tile.job is 0 for routed experts and 1 for shared ones.
+  __device__ gemm::Tile tile(const UnitRef& unit) {
+    switch (unit.kind) {
+      case UnitKind::shared_l1:
+        return gemm::tile_of_group<kBlockN>(1, 0, unit.index, 0, shared_rows(), shared_l1_m_tiles());
+      case UnitKind::shared_l2:
+        return gemm::tile_of_group<kBlockN>(1, 0, unit.index, 0, shared_rows(), params.l2[1].args.m_tiles);
+      default: {
+        const bool first = unit.kind == UnitKind::routed_l1;
+        const uint32_t m_tiles = first ? l1_m_tiles() : l2_m_tiles();
+        const uint32_t* prefix = token_tile_prefix();
+        const uint32_t group =
+            gemm::group_of_tile(prefix, num_groups(), unit.index / m_tiles, first ? l1_cursor : l2_cursor);
+        const uint32_t* begin = group_begin();
+        return gemm::tile_of_group<kBlockN>(0, group, unit.index - prefix[group] * m_tiles, begin[group],
+                                            begin[group + 1] - begin[group], m_tiles);
+      }
+    }
+  }
+  // The readiness counter index of a tile's token tile.
+  __device__ uint32_t token_tile(const gemm::Tile& tile) const {
+    return tile.job == 1 ? tile.row_begin / kBlockN
+                         : token_tile_prefix()[tile.group] + (tile.row_begin - group_begin()[tile.group]) / kBlockN;
+  }
+
+  // This rank's words, from the parameters.
+  __device__ const SymmView& view() const { return params.dispatch.view; }
+  __device__ ControlBlock* control() const { return params.dispatch.layout.control_block(view().local()); }
+  __device__ FusedCounters counters() const { return params.dispatch.layout.fused(view().local()); }
+  // The rank barrier's epoch before this call (+1: counts sent, +2: L2 done); only the last CTA to
+  // finish moves it, once every CTA has.
+  __device__ uint64_t epoch(uint32_t step) const {
+    return device::GpuRef<uint64_t>(control()->barrier_epoch).load(cuda::memory_order_relaxed) + step;
+  }
+  __device__ uint32_t claim() const {
+    return cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(control()->fused_claims)
+        .fetch_add(1, cuda::memory_order_relaxed);
+  }
+};
+
+// Thread 0 of a group computes a flag; every thread of the group gets it.
+template <class Sync, class Compute>
+__device__ bool group_flag(uint32_t* flag, uint32_t thread, const Sync& sync, const Compute& compute) {
+  if (thread == 0) *flag = compute() ? 1u : 0u;
+  sync();
+  const bool value = *flag != 0;
+  sync();  // the flag may be written again
+  return value;
+}
+
+// Waits (one thread) until what GEMM unit `unit`'s stages read is ready; false after a timeout.
+template <class Config>
+__device__ bool wait_for_operands(const FusedScheduler<Config>& s, const UnitRef& unit, const gemm::Tile& tile) {
+  const FusedCounters counters = s.counters();
+  ControlBlock* control = s.control();
+  bool ready = true;
+  switch (unit.kind) {
+    case UnitKind::shared_l1:
+      ready = device::wait_at_least_gpu(s.view(), control, &control->fused_sends_done, s.plan().send_units,
+                                        kWaitFusedInputs, 0);
+      break;
+    case UnitKind::routed_l1: {
+      const uint32_t rows = s.group_begin()[tile.group + 1] - s.group_begin()[tile.group];
+      ready = device::wait_at_least_gpu(s.view(), control, counters.rows_pulled + tile.group, rows, kWaitFusedRows,
+                                        tile.group);
+      break;
+    }
+    case UnitKind::routed_l2: {
+      const uint32_t token_tile = s.token_tile(tile);
+      ready = device::wait_at_least_gpu(s.view(), control, counters.l1_done + token_tile, 2 * s.l1_m_tiles(),
+                                        kWaitFusedL1Tile, token_tile);
+      break;
+    }
+    default: {
+      const uint32_t token_tile = s.token_tile(tile);
+      ready = device::wait_at_least_gpu(s.view(), control, counters.shared_l1_done + token_tile,
+                                        2 * s.shared_l1_m_tiles(), kWaitFusedSharedL1Tile, token_tile);
+      break;
+    }
+  }
+  // The rows were written by generic stores; the stages read them through the async proxy.
+  cuda::ptx::fence_proxy_async();
+  return ready;
+}
+
+// Hands `value` (a send or pull unit, or kNoUnit: no more) to the dispatch warps (one thread).
+template <class Config>
+__device__ void push_dispatch(const FusedScheduler<Config>& s, gemm::RingPosition<kQueueSlots>& queue, uint32_t value) {
+  gemm::wait_barrier<Config>(s.queue_empty(queue.stage), queue.phase ^ 1, s.params.l1[0].args.watch, queue.stage);
+  *s.queue_slot(queue.stage) = value;
+  cuda::ptx::mbarrier_arrive(s.queue_full(queue.stage));
+  queue.advance();
+}
+
+// The producer warp: claims units in order and feeds them to the ring and the dispatch queue until it
+// claims one that is neither a GEMM, a send nor a pull.
+template <class Config>
+__device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
+  gemm::RingPosition<Config::kStages> ring;
+  gemm::RingPosition<kQueueSlots> queue;
+  const FusedParams<Config>& params = s.params;
+  const gemm::PipelineWatch& watch = params.l1[0].args.watch;
+  uint32_t handed_over = gemm::kNoUnit;
+  for (;;) {
+    uint32_t unit = lane == 0 ? s.claim() : 0;
+    unit = __shfl_sync(0xFFFFFFFFu, unit, 0);
+    if (unit >= first_routed_unit(s.plan()) && !s.built()) {
+      const bool counts_in = lane == 0 ? device::rank_wait(s.view(), s.control(), s.epoch(1)) : true;
+      if (!__shfl_sync(0xFFFFFFFFu, counts_in, 0)) break;
+      s.build(lane);
+      // A rank without L2 tiles says so now (its arrival orders after its counts': rank_arrive).
+      if (lane == 0 && s.l2_units() == 0) device::rank_arrive(s.view(), s.control(), s.epoch(2));
+    }
+    const UnitRef ref = s.classify(unit);
+    if (ref.kind == UnitKind::send || ref.kind == UnitKind::pull) {
+      if (lane == 0) push_dispatch(s, queue, unit);
+      continue;
+    }
+    if (!is_gemm(ref.kind)) {
+      handed_over = kEndBit | unit;
+      break;
+    }
+    bool ok = true;
+    if (lane == 0) {
+      const gemm::Tile tile = s.tile(ref);
+      ok = wait_for_operands(s, ref, tile);
+      // After a timeout the stages are loaded all the same (the record says the results are void),
+      // so that the math warps' walk through the ring stays whole and the launch ends.
+      if (is_first_linear(ref.kind)) {
+        const gemm::WorkUnit work{tile, 0, 0, 1, {0, params.l1[0].args.k_blocks}};
+        gemm::issue_unit<Config>(s.smem, ring, params.l1[tile.job], work, unit);
+      } else {
+        const gemm::WorkUnit work{tile, 0, 0, 1, {0, params.l2[0].args.k_blocks}};
+        gemm::issue_unit<Config>(s.smem, ring, params.l2[tile.job], work, unit);
+      }
+    }
+    if (!__shfl_sync(0xFFFFFFFFu, ok, 0)) break;
+  }
+  if (lane == 0) {
+    push_dispatch(s, queue, gemm::kNoUnit);
+    gemm::issue_empty_stage<Config>(s.smem, ring, handed_over, watch);
+  }
+}
+
+// Converter warps (packed weights): expand the GEMM units' weight tiles.
+template <class Config>
+__device__ void convert_fused(FusedScheduler<Config>& s, uint32_t thread, uint32_t lane) {
+  gemm::RingPosition<Config::kStages> ring;
+  const gemm::PipelineWatch& watch = s.params.l1[0].args.watch;
+  for (;;) {
+    const uint32_t index = gemm::next_unit(s.smem, ring, watch);
+    if ((index & kEndBit) != 0) {
+      __syncwarp();
+      if (lane == 0) cuda::ptx::mbarrier_arrive(s.smem.full(ring.stage));  // completes the last stage
+      return;
+    }
+    const UnitRef ref = s.classify(index);
+    const uint32_t k_blocks =
+        is_first_linear(ref.kind) ? s.params.l1[0].args.k_blocks : s.params.l2[0].args.k_blocks;
+    for (uint32_t kb = 0; kb < k_blocks; ++kb) {
+      gemm::wait_barrier<Config>(s.smem.raw_full(ring.stage), ring.phase, watch, ring.stage);
+      gemm::expand_weight_tile(s.smem, ring.stage, thread);
+      cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+      __syncwarp();
+      if (lane == 0) cuda::ptx::mbarrier_arrive(s.smem.full(ring.stage));
+      ring.advance();
+    }
+  }
+}
+
+// Pull rows in flight per lane of the dispatch warps (their 40 registers hold four 16-byte vectors).
+inline constexpr int kDispatchPullUnroll = 4;
+
+// A send unit: this unit's tokens' inputs into the buffer, their routes counted and scattered; the
+// last one to finish sends the counts and arrives on the cross-rank barrier.
+template <class Config>
+__device__ void run_send(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread) {
+  const dispatch::DispatchArgs& a = s.params.dispatch;
+  const TokenRange tokens = unit_tokens(index, s.plan().tokens_per_send, static_cast<uint32_t>(a.num_tokens));
+  dispatch::stage_inputs(s.params.staged, tokens.begin, tokens.end, thread, kDispatchThreads);
+  dispatch::stage_shared_scales(a, tokens.begin, tokens.end, thread, kDispatchThreads);
+  const uint32_t top_k = static_cast<uint32_t>(a.problem.top_k);
+  dispatch::count_and_scatter(a, tokens.begin * top_k, tokens.end * top_k, s.dispatch_table(), thread,
+                              kDispatchThreads, DispatchSync{});
+  // Peers read the staged inputs and the scattered indices once the barrier is crossed.
+  __threadfence_system();
+  DispatchSync{}();
+  const bool last = group_flag(s.words(FusedTables::kDispatchFlag), thread, DispatchSync{}, [&] {
+    return device::atomic_add_acq_rel_sys(&s.control()->fused_sends_done, 1u) + 1 == s.plan().send_units;
+  });
+  if (!last) return;
+  dispatch::send_counts(a, thread, kDispatchThreads);
+  __threadfence_system();
+  DispatchSync{}();
+  if (thread == 0) device::rank_arrive(s.view(), s.control(), s.epoch(1));
+}
+
+// A pull unit: its share of the received rows into the pool, each row counted for its expert.
+template <class Config>
+__device__ void run_pull(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread, uint32_t lane) {
+  const dispatch::DispatchArgs& a = s.params.dispatch;
+  if (!group_flag(s.words(FusedTables::kDispatchFlag), thread, DispatchSync{},
+                  [&] { return device::rank_wait(s.view(), s.control(), s.epoch(1)); }))
+    return;
+  uint32_t* segment_begin = s.dispatch_table();
+  dispatch::build_segments(a, segment_begin, thread, kDispatchThreads, DispatchSync{}, index == 0);
+  const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
+  const dispatch::PoolSegments segments{segment_begin, a.layout.experts_per_rank * num_ranks, num_ranks};
+  const TokenRange rows = pull_rows(index, s.plan().pull_units, segment_begin[segments.num_segments]);
+  uint32_t* rows_pulled = s.counters().rows_pulled;
+  constexpr uint32_t kWarps = kDispatchThreads / 32;
+  for (uint32_t row = rows.begin + thread / 32; row < rows.end; row += kWarps) {
+    dispatch::pull_row<kDispatchPullUnroll>(a, segments, row, lane);
+    // The L1 tiles read the row through the async proxy once its expert's count is complete.
+    __threadfence();
+    cuda::ptx::fence_proxy_async();
+    __syncwarp();
+    if (lane == 0)
+      cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(rows_pulled[segments.find(row) / num_ranks])
+          .fetch_add(1, cuda::memory_order_release);
+  }
+}
+
+// The dispatch warps: run the send and pull units the producer hands them, in order.
+template <class Config>
+__device__ void dispatch_fused(const FusedScheduler<Config>& s, uint32_t thread, uint32_t lane) {
+  gemm::RingPosition<kQueueSlots> queue;
+  const gemm::PipelineWatch& watch = s.params.l1[0].args.watch;
+  for (;;) {
+    gemm::wait_barrier<Config>(s.queue_full(queue.stage), queue.phase, watch, queue.stage);
+    const uint32_t unit = *s.queue_slot(queue.stage);
+    if (unit == gemm::kNoUnit) return;
+    const UnitRef ref = s.classify(unit);
+    if (ref.kind == UnitKind::send) run_send(s, ref.index, thread);
+    else run_pull(s, ref.index, thread, lane);
+    DispatchSync{}();  // the table and the slot are free again
+    if (thread == 0) cuda::ptx::mbarrier_arrive(s.queue_empty(queue.stage));
+    queue.advance();
+  }
+}
+
+// After a math warpgroup's epilogue of a GEMM unit: counts the tile done for what waits on it.
+template <class Config>
+__device__ void signal_tile_done(const FusedScheduler<Config>& s, const UnitRef& ref, const gemm::Tile& tile,
+                                 uint32_t math_warpgroup, uint32_t math_thread) {
+  const bool second_linear = !is_first_linear(ref.kind);
+  if (second_linear) __threadfence_system();  // results in peers' combine slots
+  else __threadfence();
+  cuda::ptx::fence_proxy_async();
+  gemm::warpgroup_barrier(math_warpgroup);
+  if (math_thread % 128 != 0) return;
+  if (!second_linear) {
+    const FusedCounters counters = s.counters();
+    uint32_t* counter = ref.kind == UnitKind::routed_l1 ? counters.l1_done : counters.shared_l1_done;
+    cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(counter[s.token_tile(tile)])
+        .fetch_add(1, cuda::memory_order_release);
+    return;
+  }
+  // The last L2 tile of this rank tells every rank its results have landed.
+  if (device::atomic_add_acq_rel_sys(&s.control()->fused_l2_done, 1u) + 1 == 2 * s.l2_units())
+    device::rank_arrive(s.view(), s.control(), s.epoch(2));
+}
+
+// The math warpgroups: GEMM units from the ring; then, from the unit the producer handed over, the
+// combine units, claimed by themselves.
+template <class Config>
+__device__ void math_fused(FusedScheduler<Config>& s, uint32_t math_warpgroup, uint32_t warp, uint32_t lane,
+                           uint32_t math_thread) {
+  const FusedParams<Config>& params = s.params;
+  gemm::RingPosition<Config::kStages> ring;
+  float acc[2][Config::kAccRegs];
+  // tokens_on_m: warpgroup 1 starts kStaggerKBlocks behind warpgroup 0 in its first unit
+  // (grouped_gemm.cuh).
+  constexpr bool kStaggered = Config::kLayout == gemm::TileLayout::tokens_on_m;
+  constexpr uint32_t kNoStagger = ~0u;
+  const gemm::PipelineWatch& watch = params.l1[0].args.watch;
+  uint32_t index = 0;
+  for (bool first_gemm = true;; first_gemm = false) {
+    index = gemm::next_unit(s.smem, ring, watch);
+    if ((index & kEndBit) != 0) break;
+    const UnitRef ref = s.classify(index);
+    const gemm::Tile tile = s.tile(ref);
+    if (kStaggered && math_warpgroup == 1 && first_gemm) gemm::stagger_wait();
+    const bool first_linear = is_first_linear(ref.kind);
+    const uint32_t k_blocks = first_linear ? params.l1[0].args.k_blocks : params.l2[0].args.k_blocks;
+    const uint32_t stagger_kb =
+        kStaggered && math_warpgroup == 0 && first_gemm ? min(gemm::kStaggerKBlocks, k_blocks - 1) : kNoStagger;
+    const gemm::WorkUnit work{tile, 0, 0, 1, {0, k_blocks}};
+    // One copy of the mainloop for both linears (two held more registers than there are).
+    const auto& l1 = params.l1[tile.job];
+    const auto& l2 = params.l2[tile.job];
+    const auto l1_prefetched = first_linear ? l1.epilogue.prefetch(s.smem, tile, math_warpgroup, warp, lane)
+                                            : decltype(l1.epilogue.prefetch(s.smem, tile, 0, 0, 0)){};
+    const auto l2_prefetched = first_linear ? decltype(l2.epilogue.prefetch(s.smem, tile, 0, 0, 0)){}
+                                            : l2.epilogue.prefetch(s.smem, tile, math_warpgroup, warp, lane);
+    gemm::consume_unit<Config>(s.smem, ring, work, first_linear ? l1.args : l2.args, math_warpgroup, warp, lane,
+                               stagger_kb, acc);
+    if (first_linear) l1.epilogue.apply(s.smem, tile, acc, l1_prefetched, math_warpgroup, warp, lane, math_thread);
+    else l2.epilogue.apply(s.smem, tile, acc, l2_prefetched, math_warpgroup, warp, lane, math_thread);
+    signal_tile_done(s, ref, tile, math_warpgroup, math_thread);
+  }
+  // Combine: each token once every rank's L2 tiles are done.
+  const combine::CombineArgs& c = params.combine;
+  for (index &= ~kEndBit; index != (gemm::kNoUnit & ~kEndBit) && s.classify(index).kind == UnitKind::combine;) {
+    if (!group_flag(s.words(FusedTables::kMathFlag), math_thread, MathSync<Config>{},
+                    [&] { return device::rank_wait(s.view(), s.control(), s.epoch(2)); }))
+      break;
+    const TokenRange tokens =
+        unit_tokens(s.classify(index).index, s.plan().tokens_per_combine, static_cast<uint32_t>(c.num_tokens));
+    combine::combine_tokens(c, tokens.begin, tokens.end, math_thread, Config::kMathThreads);
+    uint32_t* next = s.words(FusedTables::kMathFlag);
+    gemm::math_barrier<Config>();
+    if (math_thread == 0) *next = s.claim();
+    gemm::math_barrier<Config>();
+    index = *next;
+    gemm::math_barrier<Config>();
+  }
+}
+
+// The last CTA to finish: every counter back to zero, the barrier's epoch past this call's two.
+template <class Config>
+__device__ void reset_counters(const FusedScheduler<Config>& s, uint32_t thread) {
+  const FusedCounters counters = s.counters();
+  const uint32_t routed_tiles = s.built() ? s.routed_token_tiles() : 0;
+  const uint32_t shared_tiles = s.shared_token_tiles();
+  for (uint32_t i = thread; i < s.num_groups(); i += Config::kThreads) counters.rows_pulled[i] = 0;
+  for (uint32_t i = thread; i < routed_tiles; i += Config::kThreads) counters.l1_done[i] = 0;
+  for (uint32_t i = thread; i < shared_tiles; i += Config::kThreads) counters.shared_l1_done[i] = 0;
+  if (thread == 0) {
+    ControlBlock* control = s.control();
+    const uint64_t next_epoch = s.epoch(2);
+    control->fused_claims = 0;
+    control->fused_sends_done = 0;
+    control->fused_l2_done = 0;
+    control->finished_blocks = 0;
+    device::GpuRef<uint64_t>(control->barrier_epoch).store(next_epoch, cuda::memory_order_relaxed);
+  }
+}
+
+// Every thread of the CTA, at its end: the last CTA to finish resets the counters (every other CTA's
+// writes seen: fence, then acq_rel).
+template <class Config>
+__device__ __forceinline__ void finish_cta(const FusedScheduler<Config>& s, uint32_t thread) {
+  uint32_t* last = s.words(FusedTables::kLastFlag);
+  __threadfence();
+  __syncthreads();
+  if (thread == 0)
+    *last = device::GpuRef<uint32_t>(s.control()->finished_blocks).fetch_add(1, cuda::memory_order_acq_rel) + 1 ==
+            gridDim.x;
+  __syncthreads();
+  if (*last != 0) reset_counters(s, thread);
+}
+
+template <class Config>
+__global__ void __launch_bounds__(Config::kThreads, 1) fused_layer_kernel(const __grid_constant__ FusedParams<Config> params) {
+  static_assert(gemm::kRegistersFit<Config>, "setmaxnreg split exceeds the CTA's registers at launch");
+  static_assert(!Config::kStoreWarps && Config::kDispatchWarps, "the fused schedule's warps: see GemmConfig");
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const gemm::SharedStorage<Config> smem(smem_raw);
+  const uint32_t thread = threadIdx.x;
+  const uint32_t warpgroup = thread / 128;
+  const uint32_t warp = (thread % 128) / 32;
+  const uint32_t lane = thread % 32;
+  gemm::init_pipeline<Config>(smem, thread);
+  FusedScheduler<Config> s{params, smem};
+  if (thread == 0) {
+    *s.built_flag() = 0;
+    for (uint32_t slot = 0; slot < kQueueSlots; ++slot) {
+      cuda::ptx::mbarrier_init(s.queue_full(slot), 1);
+      cuda::ptx::mbarrier_init(s.queue_empty(slot), 1);
+    }
+  }
+  wait_for_prior_kernels();
+  allow_next_kernel();
+  const bool timed_out = device::rank_timed_out(s.control());
+  __syncthreads();
+  if (timed_out) return;
+
+  // Each role ends in its own copy of finish_cta: no code after the roles joins their register budgets.
+  if (warpgroup == 0) {
+    ptx::setmaxnreg_decrease<gemm::kProducerRegisters>();
+    if (warp == 0) produce_fused(s, lane);
+    else dispatch_fused(s, thread - 32, lane);
+    finish_cta(s, thread);
+  } else if (warpgroup > Config::kMathWarpgroups) {
+    ptx::setmaxnreg_decrease<gemm::kProducerRegisters>();
+    convert_fused(s, 128 * (warpgroup - 1 - Config::kMathWarpgroups) + thread % 128, lane);
+    finish_cta(s, thread);
+  } else {
+    ptx::setmaxnreg_increase<gemm::kMathRegisters<Config>>();
+    const uint32_t math_warpgroup = __shfl_sync(0xFFFFFFFFu, warpgroup - 1, 0);
+    math_fused(s, math_warpgroup, warp, lane, thread - 128);
+    finish_cta(s, thread);
+  }
+}
+
+}  // namespace megamoe::fused
