@@ -8,8 +8,8 @@
 #include <string>
 
 #include "comm/rank_barrier.h"
-#include "kernels/combine/combine.cuh"
-#include "kernels/dispatch/dispatch.cuh"
+#include "kernels/combine/combine_kernel.cuh"
+#include "kernels/dispatch/dispatch_kernels.cuh"
 #include "kernels/fused/fused.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/overlapped_launch.cuh"

@@ -8,7 +8,6 @@
 #include <cstdint>
 
 #include "kernels/comm/sync.cuh"
-#include "kernels/overlapped_launch.cuh"
 #include "megamoe/layout.h"
 #include "megamoe/problem.h"
 
@@ -80,14 +79,6 @@ __device__ void combine_tokens(const CombineArgs& a, uint32_t token_begin, uint3
     }
     y[item] = make_uint4(words[0], words[1], words[2], words[3]);
   }
-}
-
-__global__ void combine_kernel(const CombineArgs a) {
-  wait_for_prior_kernels();
-  allow_next_kernel();
-  if (device::rank_timed_out(a.control)) return;
-  combine_tokens(a, 0, static_cast<uint32_t>(a.num_tokens), blockIdx.x * uint64_t{blockDim.x} + threadIdx.x,
-                 uint64_t{gridDim.x} * blockDim.x);
 }
 
 }  // namespace megamoe::combine

@@ -1,0 +1,17 @@
+// The staged schedule's combine kernel.
+#pragma once
+
+#include "kernels/combine/combine.cuh"
+#include "kernels/overlapped_launch.cuh"
+
+namespace megamoe::combine {
+
+__global__ void combine_kernel(const CombineArgs a) {
+  wait_for_prior_kernels();
+  allow_next_kernel();
+  if (device::rank_timed_out(a.control)) return;
+  combine_tokens(a, 0, static_cast<uint32_t>(a.num_tokens), blockIdx.x * uint64_t{blockDim.x} + threadIdx.x,
+                 uint64_t{gridDim.x} * blockDim.x);
+}
+
+}  // namespace megamoe::combine
