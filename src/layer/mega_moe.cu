@@ -276,7 +276,8 @@ void fp8_mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeig
 }
 
 void fp8_fp4_mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights,
-                      const TensorView& y, cudaStream_t stream, const TensorView& recv_stats, const CallOptions& options) {
+                      const TensorView& y, cudaStream_t stream, const TensorView& recv_stats,
+                      const CallOptions& options) {
   require(buffer.problem().recipe == Recipe::fp8_fp4, "buffer", "was made for recipe ",
           to_string(buffer.problem().recipe), "; fp8_fp4_mega_moe needs fp8_fp4");
   run_layer(buffer, inputs, weights, y, stream, recv_stats, options);

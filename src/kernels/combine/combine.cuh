@@ -39,7 +39,7 @@ __device__ __forceinline__ void add_bf16x8(float (&sum)[8], const uint4& packed)
 // written (a round holds DeepSeek-V3's eight routed slots and its shared one), so that a token waits
 // for one round trip to memory, where loading the ids first and then the slots four at a time took
 // four. Combines tokens [token_begin, token_end), thread `thread` of `threads`.
-__device__ void combine_tokens(const CombineArgs& a, uint32_t token_begin, uint32_t token_end, uint64_t thread,
+__device__ inline void combine_tokens(const CombineArgs& a, uint32_t token_begin, uint32_t token_end, uint64_t thread,
                                uint64_t threads) {
   constexpr uint32_t kSlotsInFlight = 9;
   const uint32_t top_k = static_cast<uint32_t>(a.top_k);

@@ -60,15 +60,16 @@ struct StagedInputs {
 };
 
 // Copies tokens [token_begin, token_end) of every staged input, thread `thread` of `threads`.
-__device__ void stage_inputs(const StagedInputs& inputs, uint32_t token_begin, uint32_t token_end, uint64_t thread,
-                             uint64_t threads) {
+__device__ inline void stage_inputs(const StagedInputs& inputs, uint32_t token_begin, uint32_t token_end,
+                                    uint64_t thread, uint64_t threads) {
   constexpr uint32_t kUnroll = 4;  // 16-byte vectors in flight per thread
   for (const StagedCopy& whole : inputs.copies) {
     if (whole.source == nullptr) continue;
     const uint64_t first_word = uint64_t{token_begin} * whole.words_per_token;
     const StagedCopy copy{whole.source + first_word, whole.destination + first_word,
                           uint64_t{token_end - token_begin} * whole.words_per_token, whole.words_per_token};
-    const bool aligned = ((reinterpret_cast<uintptr_t>(copy.source) | reinterpret_cast<uintptr_t>(copy.destination)) & 15) == 0;
+    const bool aligned =
+        ((reinterpret_cast<uintptr_t>(copy.source) | reinterpret_cast<uintptr_t>(copy.destination)) & 15) == 0;
     const uint64_t vectors = aligned ? copy.words / 4 : 0;
     const uint4* source = reinterpret_cast<const uint4*>(copy.source);
     uint4* destination = reinterpret_cast<uint4*>(copy.destination);
@@ -87,8 +88,8 @@ __device__ void stage_inputs(const StagedInputs& inputs, uint32_t token_begin, u
 
 // The shared experts read this rank's own tokens: their scales, K-block-major, for tokens
 // [token_begin, token_end), thread `thread` of `threads`.
-__device__ void stage_shared_scales(const DispatchArgs& a, uint32_t token_begin, uint32_t token_end, uint64_t thread,
-                                    uint64_t threads) {
+__device__ inline void stage_shared_scales(const DispatchArgs& a, uint32_t token_begin, uint32_t token_end,
+                                           uint64_t thread, uint64_t threads) {
   if (a.problem.recipe == Recipe::bf16 || a.problem.num_shared_experts == 0) return;
   const uint32_t hidden_blocks = a.layout.hidden_blocks;
   const float* x_scales = BufferLayout::at<float>(a.view.local(), a.layout.x_scales);
@@ -104,7 +105,7 @@ __device__ void stage_shared_scales(const DispatchArgs& a, uint32_t token_begin,
 // counters, and scatters each route into its owner's src_index table. expert_cursor: num_experts u32
 // in shared memory; thread `thread` of the `threads` that call it together, `sync` their barrier.
 template <class Sync>
-__device__ void count_and_scatter(const DispatchArgs& a, uint32_t begin, uint32_t end, uint32_t* expert_cursor,
+__device__ inline void count_and_scatter(const DispatchArgs& a, uint32_t begin, uint32_t end, uint32_t* expert_cursor,
                                   uint32_t thread, uint32_t threads, const Sync& sync) {
   const uint32_t num_experts = static_cast<uint32_t>(a.problem.num_experts);
   const uint32_t experts_per_rank = a.layout.experts_per_rank;
@@ -147,7 +148,7 @@ __device__ void count_and_scatter(const DispatchArgs& a, uint32_t begin, uint32_
 
 // Once every route's slot is taken: sends each owner the number of routes this rank sent to each of
 // its experts, and resets the send counters for the next call (thread `thread` of `threads`).
-__device__ void send_counts(const DispatchArgs& a, uint32_t thread, uint32_t threads) {
+__device__ inline void send_counts(const DispatchArgs& a, uint32_t thread, uint32_t threads) {
   const uint32_t num_experts = static_cast<uint32_t>(a.problem.num_experts);
   const uint32_t experts_per_rank = a.layout.experts_per_rank;
   const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
@@ -164,7 +165,7 @@ __device__ void send_counts(const DispatchArgs& a, uint32_t thread, uint32_t thr
 
 // One block, once every block's counts are in send_count: sends the counts, then waits until every
 // rank has done the same.
-__device__ void publish_counts(const DispatchArgs& a) {
+__device__ inline void publish_counts(const DispatchArgs& a) {
   send_counts(a, threadIdx.x, blockDim.x);
   __threadfence_system();
   device::rank_barrier(a.view, a.layout);
@@ -190,7 +191,7 @@ struct PoolSegments {
 // Builds segment_begin[] from the received counts (thread `thread` of `threads`, barrier `sync`, warp 0
 // among them scans); with `publish`, also expert_rows in the buffer and the receive statistics.
 template <class Sync>
-__device__ void build_segments(const DispatchArgs& a, uint32_t* segment_begin, uint32_t thread, uint32_t threads,
+__device__ inline void build_segments(const DispatchArgs& a, uint32_t* segment_begin, uint32_t thread, uint32_t threads,
                                const Sync& sync, bool publish) {
   const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
   const uint32_t segments = a.layout.experts_per_rank * num_ranks;
@@ -218,7 +219,7 @@ __device__ void build_segments(const DispatchArgs& a, uint32_t* segment_begin, u
 // loaded together (at decode each row's round trips are the pull's time), then all of them stored.
 // kUnroll: 16-byte vectors in flight per lane.
 template <int kUnroll = device::kPullRowUnroll>
-__device__ void pull_row(const DispatchArgs& a, const PoolSegments& segments, uint32_t row, uint32_t lane) {
+__device__ inline void pull_row(const DispatchArgs& a, const PoolSegments& segments, uint32_t row, uint32_t lane) {
   const uint32_t num_ranks = segments.num_ranks;
   const uint32_t row_bytes = static_cast<uint32_t>(a.problem.hidden) * a.layout.activation_bytes;
   const uint32_t hidden_blocks = a.layout.hidden_blocks;

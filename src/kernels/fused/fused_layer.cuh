@@ -503,7 +503,8 @@ __device__ __forceinline__ void finish_cta(const FusedScheduler<Config>& s, uint
 }
 
 template <class Config>
-__global__ void __launch_bounds__(Config::kThreads, 1) fused_layer_kernel(const __grid_constant__ FusedParams<Config> params) {
+__global__ void __launch_bounds__(Config::kThreads, 1)
+    fused_layer_kernel(const __grid_constant__ FusedParams<Config> params) {
   static_assert(gemm::kRegistersFit<Config>, "setmaxnreg split exceeds the CTA's registers at launch");
   static_assert(!Config::kStoreWarps && Config::kDispatchWarps, "the fused schedule's warps: see GemmConfig");
   extern __shared__ __align__(1024) uint8_t smem_raw[];

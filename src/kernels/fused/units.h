@@ -91,7 +91,8 @@ MEGAMOE_HD TokenRange unit_tokens(uint32_t index, uint32_t per_unit, uint32_t nu
 // Rows [begin, end) of pull unit `index` of `units` over `rows` received rows: contiguous, expert-major,
 // so the first units complete the first experts.
 MEGAMOE_HD TokenRange pull_rows(uint32_t index, uint32_t units, uint32_t rows) {
-  return {static_cast<uint32_t>(uint64_t{index} * rows / units), static_cast<uint32_t>(uint64_t{index + 1} * rows / units)};
+  return {static_cast<uint32_t>(uint64_t{index} * rows / units),
+          static_cast<uint32_t>(uint64_t{index + 1} * rows / units)};
 }
 
 // What the plan is made from.

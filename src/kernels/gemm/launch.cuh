@@ -35,8 +35,8 @@ void configure_once_per_device(uint32_t smem_bytes, const char* what) {
   require(device >= 0 && device < kMaxDevices, "device", "index ", device, " is past the ", kMaxDevices,
           " devices a process may launch on");
   std::call_once(once[device], [&] {
-    check_launch(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)),
-                 what);
+    check_launch(
+        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)), what);
   });
 }
 

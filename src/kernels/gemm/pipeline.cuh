@@ -38,7 +38,8 @@ enum class TileLayout {
 //
 // kDispatchWarps_ (the fused schedule, kernels/fused): the producer warpgroup's other three warps run
 // the dispatch units; with packed weights the converters are then their own warpgroups' warps only.
-template <class Policy_, TileLayout kLayout_, uint32_t kBlockN_, bool kStoreWarps_ = false, bool kDispatchWarps_ = false>
+template <class Policy_, TileLayout kLayout_, uint32_t kBlockN_, bool kStoreWarps_ = false,
+          bool kDispatchWarps_ = false>
 struct GemmConfig {
   using Policy = Policy_;
   static constexpr TileLayout kLayout = kLayout_;
