@@ -329,6 +329,7 @@ __device__ void run_send(const FusedScheduler<Config>& s, uint32_t index, uint32
   const dispatch::DispatchArgs& a = s.params.dispatch;
   const TokenRange tokens = unit_tokens(index, s.plan().tokens_per_send, static_cast<uint32_t>(a.num_tokens));
   dispatch::stage_inputs(s.params.staged, tokens.begin, tokens.end, thread, kDispatchThreads);
+  DispatchSync{}();  // the scales the shared experts' copy reads are the ones just staged
   dispatch::stage_shared_scales(a, tokens.begin, tokens.end, thread, kDispatchThreads);
   const uint32_t top_k = static_cast<uint32_t>(a.problem.top_k);
   dispatch::count_and_scatter(a, tokens.begin * top_k, tokens.end * top_k, s.dispatch_table(), thread,
