@@ -1,11 +1,16 @@
 // megamoe: runs one MoE layer of a model preset on synthetic data and prints a summary (run), or
-// benchmarks it against an unfused baseline (bench).
+// benchmarks it against an unfused baseline (bench, which runs bench/layer's binary).
 // Exit codes: 0 success, 1 the run failed, 2 bad command line.
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -14,7 +19,6 @@
 #include "cli/backend.h"
 #include "cli/dump.h"
 #include "cli/flags.h"
-#include "cli/layer_bench.h"
 #include "megamoe/error.h"
 #include "megamoe/formats.h"
 #include "megamoe/presets.h"
@@ -46,7 +50,11 @@ void print_usage(std::ostream& out) {
          "  --dump     write inputs, outputs and used expert weights as .npy files and manifest.json\n"
          "             (tools/check_dump.py DIR recomputes y from them)\n"
          "\n"
-      << bench_usage() << "\npresets:\n";
+      << "  megamoe bench --preset NAME ... --out FILE\n"
+         "\n"
+         "Times the whole layer against an unfused baseline on Hopper GPUs and writes the results as JSON\n"
+         "(megamoe_layer_bench, built with the tests; 'megamoe bench --help' lists its flags).\n"
+         "\npresets:\n";
   for (const Preset& preset : all_presets()) {
     char line[160];
     std::snprintf(line, sizeof(line), "  %-16s %3d experts, top-%d, hidden %d, intermediate %d, %d shared, %s\n",
@@ -230,21 +238,26 @@ int run(const RunOptions& options) {
   return 0;
 }
 
+// The layer benchmark is its own binary (bench/layer), so that this tool builds without the
+// benchmarks: it is looked for beside this binary, then where the build puts it.
 int bench_main(const std::vector<std::string>& args) {
-  BenchOptions options;
-  try {
-    options = parse_bench(args);
-  } catch (const Error& error) {
-    std::cerr << "megamoe: " << error.what() << "\n";
-    return kExitUsage;
-  }
-  try {
-    run_bench(options);
-    return 0;
-  } catch (const std::exception& error) {
-    std::cerr << "megamoe: error: " << error.what() << "\n";
+  std::error_code error;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  const std::filesystem::path dir = error ? std::filesystem::path(".") : self.parent_path();
+  for (const std::filesystem::path& candidate :
+       {dir / "megamoe_layer_bench", dir / "bench" / "layer" / "megamoe_layer_bench"}) {
+    if (!std::filesystem::exists(candidate)) continue;
+    const std::string path = candidate.string();
+    std::vector<char*> argv = {const_cast<char*>(path.c_str())};
+    for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+    argv.push_back(nullptr);
+    execv(path.c_str(), argv.data());
+    std::cerr << "megamoe: bench: could not run " << path << ": " << std::strerror(errno) << "\n";
     return kExitFailure;
   }
+  std::cerr << "megamoe: bench: the layer benchmark is not built (no megamoe_layer_bench in " << dir.string()
+            << " or its bench/layer); build it: cmake --build " << dir.string() << " --target megamoe_layer_bench\n";
+  return kExitFailure;
 }
 
 int cli_main(const std::vector<std::string>& args) {

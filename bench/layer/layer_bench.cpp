@@ -1,4 +1,4 @@
-#include "cli/layer_bench.h"
+#include "bench/layer/layer_bench.h"
 
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
@@ -21,9 +21,9 @@
 
 #include "bench/common/ceilings.h"
 #include "bench/common/report.h"
-#include "cli/device_memory.h"
+#include "bench/layer/device_memory.h"
 #include "cli/flags.h"
-#include "cli/unfused_baseline.h"
+#include "bench/layer/unfused_baseline.h"
 #include "comm/check.h"
 #include "comm/launcher.h"
 #include "megamoe/comm.h"
@@ -33,7 +33,13 @@
 #include "megamoe/formats.h"
 #include "megamoe/layer.h"
 
-namespace megamoe::cli {
+namespace megamoe::bench {
+
+using cli::Flags;
+using cli::parse_number;
+using cli::preset_flag;
+using cli::ranks_flag;
+
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
@@ -697,4 +703,4 @@ void run_bench(const BenchOptions& options) {
   bench::write_report(report, options.out);
 }
 
-}  // namespace megamoe::cli
+}  // namespace megamoe::bench

@@ -16,7 +16,7 @@
 #include "megamoe/reference.h"
 #include "megamoe/synthetic.h"
 
-namespace megamoe::cli {
+namespace megamoe::bench {
 
 struct BenchOptions {
   const Preset* preset = nullptr;
@@ -96,4 +96,4 @@ struct Rates {
 };
 Rates layer_rates(const std::vector<RankWork>& work, double us, bool emulated);
 
-}  // namespace megamoe::cli
+}  // namespace megamoe::bench
