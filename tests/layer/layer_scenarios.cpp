@@ -25,7 +25,9 @@ template <typename T>
 struct Device {
   T* data = nullptr;
   size_t count = 0;
-  explicit Device(size_t n) : count(n) { cuda_ok(cudaMalloc(&data, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc"); }
+  explicit Device(size_t n) : count(n) {
+    cuda_ok(cudaMalloc(reinterpret_cast<void**>(&data), std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc");
+  }
   ~Device() { cudaFree(data); }
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
