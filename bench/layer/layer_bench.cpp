@@ -379,7 +379,7 @@ const char* bench_usage() {
          "\n"
          "Times the whole layer and an unfused baseline (NCCL all-to-all, cuBLASLt per-expert GEMMs and\n"
          "permute/SwiGLU/combine kernels) for each token count, with floors from ceilings measured in\n"
-         "the same run, and writes the results as JSON (shared/bench-results.md, benchmark \"layer\").\n"
+         "the same run, and writes the results as JSON (docs/results.md, benchmark \"layer\").\n"
          "With fewer Hopper GPUs than ranks the ranks are emulated on GPU 0 and only the fused layer runs;\n"
          "so does fp8_fp4, which cuBLASLt has no GEMM for.\n"
          "  --tokens   tokens per rank, comma-separated (default 1,8,128,512,2048,8192)\n"
