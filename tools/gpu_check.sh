@@ -5,7 +5,8 @@
 #   tools/gpu_check.sh clocks CMD...             CMD with the SM clock and board power logged
 #   tools/gpu_check.sh ncu NAME REGEX SKIP CMD...  one launch of a kernel, profiled (last step: takes the rest)
 # Binaries are built on this machine and carried with the call: copy the GPU test binaries, the
-# megamoe tool and the benchmarks into an ignored folder (e.g. out/) and name it in `carry`.
+# megamoe tool and the benchmarks into an ignored folder (e.g. out/) and name it in `carry`; `megamoe bench`
+# runs megamoe_layer_bench from beside the tool (or from its bench/layer/).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 NCCL_ROOT=$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0])" 2>/dev/null || true)

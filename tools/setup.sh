@@ -1,21 +1,30 @@
 #!/usr/bin/env bash
-# Installs what the build and the tests need on a Debian/Ubuntu machine (as root, through apt), and
-# checks for the CUDA toolkit and NCCL, which it cannot install.
+# Installs what the build needs on a Debian/Ubuntu machine (as root, through apt) and checks for the
+# CUDA toolkit and NCCL, which it cannot install.
+#   tools/setup.sh           cmake, ninja, g++: enough to build the library and the megamoe tool
+#   tools/setup.sh --tests   also GoogleTest, spin (the model check) and NumPy (tools/check_dump.py)
 set -euo pipefail
+tests=0
+case ${1:-} in
+  "") ;;
+  --tests) tests=1 ;;
+  *) echo "usage: tools/setup.sh [--tests]"; exit 2 ;;
+esac
 missing=()
 command -v cmake >/dev/null || missing+=(cmake)
 command -v ninja >/dev/null || missing+=(ninja-build)
 command -v g++ >/dev/null || missing+=(g++)
-command -v spin >/dev/null || missing+=(spin)
-command -v python3 >/dev/null || missing+=(python3)
-[ -f /usr/include/gtest/gtest.h ] || missing+=(libgtest-dev)
+if ((tests)); then
+  [ -f /usr/include/gtest/gtest.h ] || missing+=(libgtest-dev)
+  command -v spin >/dev/null || missing+=(spin)
+  command -v python3 >/dev/null || missing+=(python3)
+  python3 -c "import numpy" 2>/dev/null || missing+=(python3-numpy)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
-  if [ "$(id -u)" -eq 0 ]; then
-    apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null || { apt-get update >/dev/null && apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null; }
-  else
-    sudo apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null
-  fi
+  apt() { if [ "$(id -u)" -eq 0 ]; then apt-get "$@"; else sudo apt-get "$@"; fi; }
+  apt install -y --no-install-recommends "${missing[@]}" >/dev/null ||
+    { apt update >/dev/null && apt install -y --no-install-recommends "${missing[@]}" >/dev/null; }
 fi
 export PATH="/usr/local/cuda/bin:$PATH"
 command -v nvcc >/dev/null || { echo "setup: the CUDA 13 toolkit (nvcc) is required: install it to /usr/local/cuda"; exit 1; }

@@ -1,5 +1,5 @@
 // Benchmark results: a readable table on stdout and one JSON file in the format of
-// shared/bench-results.md (benchmark, commit, device, command, date, same-run ceilings, rows).
+// docs/results.md (benchmark, commit, device, command, date, same-run ceilings, rows).
 #pragma once
 
 #include <map>

@@ -205,6 +205,33 @@ struct BufferLayout {
     return l;
   }
 
+  // fn(name, region) for every region, in the order make() places them (for `megamoe info` and the
+  // tests). A region added to make() is added here too: layout_test checks that these tile the buffer.
+  template <typename Fn>
+  void for_each_region(Fn&& fn) const {
+    fn("control", control);
+    fn("recv_count", recv_count);
+    fn("expert_rows", expert_rows);
+    fn("x", x);
+    fn("x_scales", x_scales);
+    fn("topk_idx", topk_idx);
+    fn("topk_weights", topk_weights);
+    fn("src_index", src_index);
+    fn("pool_source", pool_source);
+    fn("pool_weight", pool_weight);
+    fn("l1_pool", l1_pool);
+    fn("l1_pool_scales", l1_pool_scales);
+    fn("l2_pool", l2_pool);
+    fn("l2_pool_scales", l2_pool_scales);
+    fn("shared_x_scales", shared_x_scales);
+    fn("shared_l2", shared_l2);
+    fn("shared_l2_scales", shared_l2_scales);
+    fn("combine", combine);
+    fn("front_ring", front_ring);
+    fn("gemm_split", gemm_split);
+    fn("fused_counters", fused_counters);
+  }
+
   // ---- Typed accessors, given the buffer's base address on some rank ----
   template <typename T>
   MEGAMOE_HD static T* at(void* base, const Region& region) {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "megamoe/error.h"
+#include "reference/e4m3_table.h"
 
 namespace megamoe {
 
@@ -41,8 +42,14 @@ void generate_matrix(Recipe recipe, uint64_t seed, uint64_t rows, uint64_t cols,
   const uint64_t count = rows * cols;
   switch (recipe) {
     case Recipe::fp8: {
+      // synthetic_e4m3_code, with the stream's key and the conversion's table taken out of the loop.
       codes.resize(count);
-      for (uint64_t i = 0; i < count; ++i) codes[i] = synthetic_e4m3_code(seed, values_stream, i);
+      const E4m3Table& e4m3 = E4m3Table::instance();
+      const uint64_t key = mix64(mix64(seed + kGoldenGamma) ^ values_stream);
+      for (uint64_t i = 0; i < count; ++i) {
+        const uint64_t bits = mix64(key + (i + 1) * kGoldenGamma);
+        codes[i] = e4m3(uniform_from_24_bits(static_cast<uint32_t>(bits >> 40)) * kE4M3Max);
+      }
       block_scales.resize((rows / kScaleBlock) * (cols / kScaleBlock));
       for (uint64_t b = 0; b < block_scales.size(); ++b) {
         block_scales[b] = synthetic_fp8_block_scale(seed, scales_stream, b, range);

@@ -40,10 +40,8 @@ class ProcessRanks : public ::testing::TestWithParam<int> {
   }
 };
 
-#define SKIP_WITH_ONE_RANK()                                        \
-  do {                                                              \
-    if (GetParam() < 2) GTEST_SKIP() << "needs two or more ranks";  \
-  } while (0)
+// Cases about disagreement between ranks: they need two ranks or more, so they run only on 2.
+class MultiProcessRanks : public ProcessRanks {};
 
 TEST_P(ProcessRanks, BufferZeroedAtCreation) {
   SKIP_WITHOUT_HOPPER_GPUS(GetParam());
@@ -70,20 +68,17 @@ TEST_P(ProcessRanks, GridBarrierOverAllMultiprocessors) {
   run(comm_test::grid_barrier_many);
 }
 
-TEST_P(ProcessRanks, FingerprintMismatchFailsOnEveryRank) {
-  SKIP_WITH_ONE_RANK();
+TEST_P(MultiProcessRanks, FingerprintMismatchFailsOnEveryRank) {
   SKIP_WITHOUT_HOPPER_GPUS(GetParam());
   run(comm_test::fingerprint_mismatch);
 }
 
-TEST_P(ProcessRanks, InvalidProblemOnOneRankFailsOnEveryRank) {
-  SKIP_WITH_ONE_RANK();
+TEST_P(MultiProcessRanks, InvalidProblemOnOneRankFailsOnEveryRank) {
   SKIP_WITHOUT_HOPPER_GPUS(GetParam());
   run(comm_test::invalid_problem);
 }
 
-TEST_P(ProcessRanks, RankBarrierTimeoutNamesTheMissingRank) {
-  SKIP_WITH_ONE_RANK();
+TEST_P(MultiProcessRanks, RankBarrierTimeoutNamesTheMissingRank) {
   SKIP_WITHOUT_HOPPER_GPUS(GetParam());
   comm_test::ScopedEnv timeout("MEGAMOE_TIMEOUT_MS", comm_test::kShortTimeoutMs);
   run(comm_test::rank_barrier_timeout);
@@ -106,6 +101,8 @@ TEST_P(ProcessRanks, PullRowsBulkAndVector) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpus, ProcessRanks, ::testing::Values(1, 2),
+                         [](const ::testing::TestParamInfo<int>& info) { return std::to_string(info.param) + "gpus"; });
+INSTANTIATE_TEST_SUITE_P(Gpus, MultiProcessRanks, ::testing::Values(2),
                          [](const ::testing::TestParamInfo<int>& info) { return std::to_string(info.param) + "gpus"; });
 
 TEST(ProcessLauncher, AFailingRankFailsTheRunAndItsStuckPeerIsKilled) {

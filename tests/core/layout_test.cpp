@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -88,6 +89,31 @@ TEST(BufferLayout, RegionsAreOrderedAlignedAndDisjoint) {
     expect_well_formed(BufferLayout::make(small_problem(recipe)), "small");
   }
   expect_well_formed(BufferLayout::make(deepseek_v3()), "deepseek");
+}
+
+// for_each_region names every region once, in placement order, and nothing is left out: each region
+// starts where the one before it ends (aligned up), and the last one ends the buffer.
+TEST(BufferLayout, ForEachRegionTilesTheBuffer) {
+  for (Recipe recipe : {Recipe::fp8, Recipe::fp8_fp4, Recipe::bf16}) {
+    for (const Problem& p : {small_problem(recipe), deepseek_v3()}) {
+      const BufferLayout l = BufferLayout::make(p);
+      std::vector<std::string> names;
+      uint64_t cursor = 0;
+      l.for_each_region([&](const char* name, const Region& region) {
+        EXPECT_EQ(region.offset, cursor) << name;
+        cursor = align_up(region.end(), kRegionAlign);
+        names.emplace_back(name);
+      });
+      EXPECT_EQ(cursor, l.total_bytes);
+      ASSERT_EQ(names.size(), regions_in_order().size());
+      size_t i = 0;
+      l.for_each_region([&](const char* name, const Region& region) {
+        EXPECT_EQ(name, std::string(regions_in_order()[i].first));
+        EXPECT_EQ(&region, &(l.*regions_in_order()[i].second)) << name;
+        ++i;
+      });
+    }
+  }
 }
 
 TEST(BufferLayout, DoesNotDependOnRank) {

@@ -11,8 +11,7 @@ namespace {
 // Up to 3 rows: 16-token tiles. 4..16: 64-token tiles for launches of many groups (fewer weight
 // passes for groups of several tiles, narrowed wgmmas for the rest), except with packed weights;
 // launches of few groups keep 16-token tiles and with them split K. 17..39 (bf16: ..48): 64-token
-// tiles, whose wgmmas narrow to a single-tile group's rows (measured faster than
-// 32-token tiles for skewed routing at 32 rows per expert).
+// tiles, whose wgmmas narrow to a single-tile group's rows.
 TEST(TileChoice, FewRowsStreamWeightsWith16Or64TokenTiles) {
   for (Recipe recipe : {Recipe::fp8, Recipe::fp8_fp4, Recipe::bf16})
     for (uint32_t groups : {1u, 31u, 32u, 256u}) {

@@ -10,6 +10,7 @@
 #include "megamoe/error.h"
 #include "megamoe/reference.h"
 #include "megamoe/synthetic.h"
+#include "reference/e4m3_table.h"
 
 namespace megamoe {
 namespace {
@@ -124,6 +125,21 @@ TEST(Synthetic, StoredWeightsAreThePerElementGenerators) {
       const uint16_t stored = static_cast<uint16_t>(e.w1[2 * i] | (e.w1[2 * i + 1] << 8));
       ASSERT_EQ(stored, synthetic_bf16(seed, w1, i, range)) << i;
     });
+  }
+}
+
+// The table behind the weight generator's E4M3 codes equals float_to_e4m3 on every value the
+// generator makes (all 2^24 of them), and on a sweep of every kind of float (NaN, infinities,
+// subnormals, both signs).
+TEST(Synthetic, E4m3TableIsFloatToE4m3) {
+  const E4m3Table& table = E4m3Table::instance();
+  for (uint32_t bits24 = 0; bits24 < (1u << 24); ++bits24) {
+    const float value = uniform_from_24_bits(bits24) * kE4M3Max;
+    if (table(value) != float_to_e4m3(value)) FAIL() << "24-bit input " << bits24;
+  }
+  for (uint64_t bits = 0; bits < (1ull << 32); bits += 4099) {
+    const float value = bits_float(static_cast<uint32_t>(bits));
+    if (table(value) != float_to_e4m3(value)) FAIL() << "float bits " << bits;
   }
 }
 

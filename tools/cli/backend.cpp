@@ -1,20 +1,6 @@
 #include "cli/backend.h"
 
-#include "comm/launcher.h"
-
 namespace megamoe::cli {
-
-namespace {
-
-// Whether a Hopper GPU is present, asked in a child process: this process must stay free of CUDA so
-// that the GPU backend can still fork one NCCL rank per GPU.
-bool find_hopper(std::string& found) {
-  const int32_t count = count_hopper_gpus_in_child();
-  found = std::to_string(count) + " Hopper GPU" + (count == 1 ? "" : "s");
-  return count > 0;
-}
-
-}  // namespace
 
 std::string_view to_string(BackendKind kind) {
   switch (kind) {
@@ -36,11 +22,12 @@ bool parse_backend(std::string_view text, BackendKind& kind) {
 }
 
 BackendChoice choose_backend(BackendKind requested) {
-  if (requested != BackendKind::automatic) return {requested, "requested with --backend"};
-  std::string found;
-  const bool hopper = find_hopper(found);
-  if (!hopper) return {BackendKind::cpu, "auto: no Hopper GPU (found " + found + ")"};
-  return {BackendKind::gpu, "auto: Hopper GPU " + found};
+  if (requested == BackendKind::cpu) return {requested, "requested with --backend", {}};
+  const GpuProbe gpus = probe_gpus_in_child();
+  if (requested == BackendKind::gpu) return {requested, "requested with --backend", gpus};
+  const std::string found = std::to_string(gpus.hopper_gpus) + " Hopper GPU" + (gpus.hopper_gpus == 1 ? "" : "s");
+  if (gpus.hopper_gpus == 0) return {BackendKind::cpu, "auto: no Hopper GPU (found " + found + ")", gpus};
+  return {BackendKind::gpu, "auto: Hopper GPU " + found, gpus};
 }
 
 BackendResult run_cpu_backend(const Problem& problem, const std::vector<RankBatch>& batches,

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cli/estimate.h"
 #include "megamoe/problem.h"
 #include "megamoe/reference.h"
 #include "megamoe/synthetic.h"
@@ -40,9 +41,11 @@ BackendResult run_cpu_backend(const Problem& problem, const std::vector<RankBatc
 struct BackendChoice {
   BackendKind kind = BackendKind::cpu;  // cpu or gpu, never automatic
   std::string reason;
+  GpuProbe gpus;  // what the probe found; not probed (zeros) when cpu was requested
 };
 
 // `automatic` picks gpu when a Hopper GPU is present (all three recipes have GPU kernels), else cpu.
+// gpu and automatic probe the GPUs in a child process (estimate.h).
 BackendChoice choose_backend(BackendKind requested);
 
 BackendResult run_backend(BackendKind kind, const Problem& problem, const std::vector<RankBatch>& batches,

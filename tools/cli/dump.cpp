@@ -185,11 +185,25 @@ std::string manifest_json(const DumpInfo& info, const Problem& p, const std::vec
 
 }  // namespace
 
-int write_dump(const std::filesystem::path& dir, const DumpInfo& info, const Problem& p,
-               const std::vector<RankBatch>& batches, const ReferenceResult& result, const SyntheticWeights& weights) {
+void prepare_dump_dir(const std::filesystem::path& dir) {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   require(!error, "--dump", "cannot create directory '", dir.string(), "': ", error.message());
+  require(std::filesystem::is_directory(dir, error), "--dump", "'", dir.string(), "' is not a directory");
+  const std::filesystem::path probe = dir / ".megamoe-write-check";
+  {
+    std::ofstream file(probe);
+    file << "x";
+    file.close();
+    require(file.good(), "--dump", "cannot write files in '", dir.string(), "'");
+  }
+  std::filesystem::remove(probe, error);
+}
+
+int write_dump(const std::filesystem::path& dir, const DumpInfo& info, const Problem& p,
+               const std::vector<RankBatch>& batches, const ReferenceResult& result, const SyntheticWeights& weights,
+               const std::function<void(int64_t, int64_t)>& progress) {
+  prepare_dump_dir(dir);
   DumpWriter out(dir);
   const int64_t hidden = p.hidden;
   const int64_t top_k = p.top_k;
@@ -226,9 +240,12 @@ int write_dump(const std::filesystem::path& dir, const DumpInfo& info, const Pro
       used.push_back(e);
     }
   }
-  for (int32_t e : used) {
+  const int64_t experts = static_cast<int64_t>(used.size());
+  for (int64_t i = 0; i < experts; ++i) {
+    const int32_t e = used[static_cast<size_t>(i)];
     write_expert(out, "expert" + std::to_string(e), "routed expert " + std::to_string(e), weights.routed_expert(e),
                  p.recipe);
+    if (progress) progress(i + 1, experts);
   }
   for (int32_t s = 0; s < p.num_shared_experts; ++s) {
     write_expert(out, "shared" + std::to_string(s), "shared expert " + std::to_string(s), weights.shared_expert(s),

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,8 +21,14 @@ struct DumpInfo {
   uint64_t seed = 0;
 };
 
-// Creates `dir` if needed; returns the number of files written (manifest included).
+// Creates `dir` if needed and checks that a file can be written in it; throws megamoe::Error naming
+// --dump and the reason otherwise. Called before any work, so a bad directory costs no compute.
+void prepare_dump_dir(const std::filesystem::path& dir);
+
+// Writes into `dir` (prepare_dump_dir first); returns the number of files written (manifest included).
+// `progress`, when set, is called with (experts written, experts to write).
 int write_dump(const std::filesystem::path& dir, const DumpInfo& info, const Problem& problem,
-               const std::vector<RankBatch>& batches, const ReferenceResult& result, const SyntheticWeights& weights);
+               const std::vector<RankBatch>& batches, const ReferenceResult& result, const SyntheticWeights& weights,
+               const std::function<void(int64_t, int64_t)>& progress = {});
 
 }  // namespace megamoe::cli

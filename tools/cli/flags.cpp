@@ -6,6 +6,10 @@
 
 namespace megamoe::cli {
 
+bool wants_help(const std::vector<std::string>& args) {
+  return std::any_of(args.begin(), args.end(), [](const std::string& arg) { return arg == "--help" || arg == "-h"; });
+}
+
 Flags::Flags(const std::vector<std::string>& args, std::initializer_list<const char*> known) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -21,7 +25,7 @@ Flags::Flags(const std::vector<std::string>& args, std::initializer_list<const c
       value = args[++i];
     }
     require(std::find(known.begin(), known.end(), name) != known.end(), name.c_str(),
-            "unknown flag (see 'megamoe help')");
+            "unknown flag (see --help)");
     for (const auto& seen : values_) require(seen.first != name, name.c_str(), "given more than once");
     values_.emplace_back(name, value);
   }

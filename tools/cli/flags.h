@@ -14,6 +14,9 @@
 
 namespace megamoe::cli {
 
+// True when `args` asks for help (--help or -h anywhere): commands answer it before parsing.
+bool wants_help(const std::vector<std::string>& args);
+
 class Flags {
  public:
   // Throws for an argument that is not a flag, a flag not in `known`, a repeated flag, a missing value.
@@ -30,9 +33,11 @@ T parse_number(const std::string& flag, const std::string& text, T min_value, T 
   T value{};
   const char* end = text.data() + text.size();
   const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  require(ec == std::errc() && ptr == end && !text.empty(), flag.c_str(), "expected a whole number, got '", text, "'");
-  require(value >= min_value && value <= max_value, flag.c_str(), "must be in [", min_value, ", ", max_value, "], got ",
-          value);
+  const bool digits = !text.empty() && ptr == end;
+  require(digits && (ec == std::errc() || ec == std::errc::result_out_of_range), flag.c_str(),
+          "expected a whole number, got '", text, "'");
+  require(ec == std::errc() && value >= min_value && value <= max_value, flag.c_str(), text,
+          " is out of range: must be in [", min_value, ", ", max_value, "]");
   return value;
 }
 

@@ -1,11 +1,17 @@
-// megamoe: runs one MoE layer of a model preset on synthetic data and prints a summary (run), or
-// benchmarks it against an unfused baseline (bench).
+// megamoe: runs one MoE layer of a model preset on synthetic data and prints a summary (run), prints
+// the buffer a problem needs (info), or benchmarks the layer against an unfused baseline (bench,
+// which runs bench/layer's binary).
 // Exit codes: 0 success, 1 the run failed, 2 bad command line.
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -13,10 +19,11 @@
 
 #include "cli/backend.h"
 #include "cli/dump.h"
+#include "cli/estimate.h"
 #include "cli/flags.h"
-#include "cli/layer_bench.h"
 #include "megamoe/error.h"
 #include "megamoe/formats.h"
+#include "megamoe/layout.h"
 #include "megamoe/presets.h"
 #include "megamoe/synthetic.h"
 
@@ -26,15 +33,14 @@ namespace {
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
 
-void print_usage(std::ostream& out) {
-  out << "usage:\n"
-         "  megamoe run --preset NAME [--tokens N] [--ranks R] [--recipe fp8|fp8_fp4|bf16]\n"
+const char* run_usage() {
+  return "  megamoe run --preset NAME [--tokens N] [--ranks R] [--recipe fp8|fp8_fp4|bf16]\n"
          "              [--routing uniform|zipf|one_expert] [--backend auto|cpu|gpu] [--seed S]\n"
          "              [--threads T] [--dump DIR]\n"
-         "  megamoe help\n"
          "\n"
          "Runs one expert-parallel MoE layer on all ranks of one process with synthetic weights and\n"
-         "tokens, and prints receive counts, output checksums and timings.\n"
+         "tokens, and prints receive counts, output checksums and timings. A problem that does not fit\n"
+         "in memory (host memory for cpu, GPU memory for gpu) is refused before any work.\n"
          "  --preset   model layer shape (below)\n"
          "  --tokens   tokens per rank (default: the preset's)\n"
          "  --ranks    expert-parallel ranks; must divide the number of experts (default: the preset's)\n"
@@ -44,9 +50,27 @@ void print_usage(std::ostream& out) {
          "  --seed     seed of the synthetic data (default 1)\n"
          "  --threads  CPU backend worker threads, 0 = all (default 0)\n"
          "  --dump     write inputs, outputs and used expert weights as .npy files and manifest.json\n"
-         "             (tools/check_dump.py DIR recomputes y from them)\n"
+         "             (tools/check_dump.py DIR recomputes y from them)\n";
+}
+
+const char* info_usage() {
+  return "  megamoe info --preset NAME [--tokens N] [--ranks R] [--recipe fp8|fp8_fp4|bf16]\n"
          "\n"
-      << bench_usage() << "\npresets:\n";
+         "Prints the symmetric buffer one rank allocates for this problem, region by region, and its\n"
+         "total, with the memory a run of it needs. Nothing is computed.\n"
+         "  --tokens   the most tokens per rank of one call (default: the preset's)\n";
+}
+
+const char* bench_usage() {
+  return "  megamoe bench --preset NAME [...] --out FILE\n"
+         "\n"
+         "Times the whole layer against an unfused baseline on Hopper GPUs and writes the results as\n"
+         "JSON (bench/layer's megamoe_layer_bench, built by the test command; 'megamoe bench --help'\n"
+         "lists its flags).\n";
+}
+
+void print_presets(std::ostream& out) {
+  out << "presets:\n";
   for (const Preset& preset : all_presets()) {
     char line[160];
     std::snprintf(line, sizeof(line), "  %-16s %3d experts, top-%d, hidden %d, intermediate %d, %d shared, %s\n",
@@ -54,6 +78,11 @@ void print_usage(std::ostream& out) {
                   preset.intermediate, preset.num_shared_experts, std::string(to_string(preset.recipe)).c_str());
     out << line;
   }
+}
+
+void print_usage(std::ostream& out) {
+  out << "usage:\n" << run_usage() << "\n" << info_usage() << "\n" << bench_usage() << "\n  megamoe help\n\n";
+  print_presets(out);
 }
 
 struct RunOptions {
@@ -100,6 +129,46 @@ RunOptions parse_run(const std::vector<std::string>& args) {
   return options;
 }
 
+struct InfoOptions {
+  const Preset* preset = nullptr;
+  Problem problem;
+};
+
+InfoOptions parse_info(const std::vector<std::string>& args) {
+  const Flags flags(args, {"--preset", "--tokens", "--ranks", "--recipe"});
+  InfoOptions options;
+  options.preset = &preset_flag(flags);
+  int32_t tokens = options.preset->default_tokens;
+  if (auto text = flags.value("--tokens")) tokens = parse_number<int32_t>("--tokens", *text, 1, 1 << 20);
+  options.problem = preset_problem(*options.preset, ranks_flag(flags, *options.preset), tokens);
+  if (auto text = flags.value("--recipe")) {
+    require(parse_recipe(*text, options.problem.recipe), "--recipe", "must be fp8, fp8_fp4 or bf16, got '", *text,
+            "'");
+  }
+  validate(options.problem);
+  return options;
+}
+
+// `megamoe info`: the buffer's regions (BufferLayout::for_each_region) and what a run needs.
+int info(const InfoOptions& options) {
+  const Problem& p = options.problem;
+  const BufferLayout layout = BufferLayout::make(p);
+  std::printf("preset: %s\n", std::string(options.preset->name).c_str());
+  std::printf("problem: %s\n", describe(p).c_str());
+  std::printf("run needs: gpu backend about %s per GPU (one rank per GPU), %s on one GPU with %d emulated ranks;\n"
+              "           cpu backend about %s of host memory\n",
+              format_bytes(gpu_run_device_bytes(p, p.max_tokens_per_rank, false)).c_str(),
+              format_bytes(gpu_run_device_bytes(p, p.max_tokens_per_rank, true)).c_str(), p.num_ranks,
+              format_bytes(cpu_run_host_bytes(p, p.max_tokens_per_rank, 0)).c_str());
+  std::printf("symmetric buffer of one rank (%u pool rows, %u tokens):\n", layout.pool_rows, layout.max_tokens);
+  layout.for_each_region([](const char* name, const Region& region) {
+    std::printf("  %-18s %16llu bytes %12.2f MiB\n", name, static_cast<unsigned long long>(region.bytes),
+                static_cast<double>(region.bytes) / (1 << 20));
+  });
+  std::printf("total: %.2f GiB\n", static_cast<double>(layout.total_bytes) / (1ull << 30));
+  return 0;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -107,13 +176,13 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 // A carriage-return progress line on stderr, shown once the work has lasted a second.
 class ProgressLine {
  public:
-  ProgressLine() : start_(std::chrono::steady_clock::now()) {}
+  explicit ProgressLine(std::string label) : label_(std::move(label)), start_(std::chrono::steady_clock::now()) {}
 
   void update(int64_t done, int64_t total, const std::string& units) {
     const double elapsed = seconds_since(start_);
     if (elapsed < 1.0 || (done < total && elapsed - last_print_ < 0.1)) return;
     last_print_ = elapsed;
-    std::fprintf(stderr, "\rcompute: %lld/%lld %s (%3.0f%%), %.1f s", static_cast<long long>(done),
+    std::fprintf(stderr, "\r%s: %lld/%lld %s (%3.0f%%), %.1f s", label_.c_str(), static_cast<long long>(done),
                  static_cast<long long>(total), units.c_str(), total > 0 ? 100.0 * done / total : 100.0, elapsed);
     std::fflush(stderr);
     shown_ = true;
@@ -125,6 +194,7 @@ class ProgressLine {
   }
 
  private:
+  std::string label_;
   std::chrono::steady_clock::time_point start_;
   double last_print_ = -1.0;
   bool shown_ = false;
@@ -178,14 +248,39 @@ void print_checksums(const Problem& p, const std::vector<std::vector<uint16_t>>&
   }
 }
 
-int run(const RunOptions& options) {
+// Refuses, before any work, a run whose memory need exceeds what the machine has.
+void check_fits(const RunOptions& options, const BackendChoice& choice) {
+  const Problem& p = options.problem;
+  const std::string subject = std::string(options.preset->name) + " with " + std::to_string(p.num_ranks) +
+                              " ranks x " + std::to_string(options.tokens) + " tokens";
+  if (choice.kind == BackendKind::cpu) {
+    require_fits(subject + " on the cpu backend", "host memory", cpu_run_host_bytes(p, options.tokens, options.threads),
+                 available_host_bytes());
+    return;
+  }
+  require(choice.gpus.hopper_gpus >= 1, "--backend gpu", "needs a Hopper GPU; found none");
+  const bool emulated = choice.gpus.hopper_gpus < p.num_ranks;
+  require_fits(subject + " on the gpu backend" + (emulated ? " (ranks emulated on GPU 0)" : ""), "GPU memory",
+               gpu_run_device_bytes(p, options.tokens, emulated), choice.gpus.min_memory_bytes);
+  require_fits(subject + " on the gpu backend", "host memory", gpu_run_host_bytes(p, options.tokens),
+               available_host_bytes());
+}
+
+// Everything that can refuse the run does so before any work: the dump directory, the backend, memory.
+BackendChoice preflight(const RunOptions& options) {
+  if (options.dump_dir) prepare_dump_dir(*options.dump_dir);
+  const BackendChoice choice = choose_backend(options.backend);
+  check_fits(options, choice);
+  return choice;
+}
+
+int run(const RunOptions& options, const BackendChoice& choice) {
   const Problem& problem = options.problem;
   std::printf("preset: %s (%s)\n", std::string(options.preset->name).c_str(),
               std::string(options.preset->note).c_str());
   std::printf("problem: %s\n", describe(problem).c_str());
   std::printf("data: %d tokens on each of %d ranks, routing %s, seed %llu\n", options.tokens, problem.num_ranks,
               std::string(to_string(options.routing)).c_str(), static_cast<unsigned long long>(options.seed));
-  const BackendChoice choice = choose_backend(options.backend);
   std::printf("backend: %s (%s)\n", std::string(to_string(choice.kind)).c_str(), choice.reason.c_str());
   std::fflush(stdout);
 
@@ -194,9 +289,14 @@ int run(const RunOptions& options) {
   const std::vector<RankBatch> batches = synthetic_batches(problem, tokens, options.routing, options.seed);
   const SyntheticWeights weights(problem, options.seed);
   const double data_seconds = seconds_since(data_start);
+  if (options.dump_dir) {
+    std::error_code error;
+    const std::filesystem::space_info space = std::filesystem::space(*options.dump_dir, error);
+    require_fits("--dump " + *options.dump_dir, "disk", dump_bytes(problem, batches), error ? 0 : space.available);
+  }
 
   const auto compute_start = std::chrono::steady_clock::now();
-  ProgressLine progress;
+  ProgressLine progress("compute");
   BackendOptions backend_options;
   backend_options.threads = options.threads;
   const std::string units = choice.kind == BackendKind::cpu ? "experts" : "steps";
@@ -218,7 +318,12 @@ int run(const RunOptions& options) {
   if (options.dump_dir) {
     const auto dump_start = std::chrono::steady_clock::now();
     const DumpInfo info{std::string(options.preset->name), outcome.name, options.routing, options.seed};
-    const int files = write_dump(*options.dump_dir, info, problem, batches, outcome.result, weights);
+    ProgressLine dump_progress("dump");
+    const int files = write_dump(*options.dump_dir, info, problem, batches, outcome.result, weights,
+                                 [&dump_progress](int64_t done, int64_t total) {
+                                   dump_progress.update(done, total, "experts");
+                                 });
+    dump_progress.finish();
     dump_seconds = seconds_since(dump_start);
     std::printf("dump: %d files in %s\n", files, options.dump_dir->c_str());
   }
@@ -230,21 +335,53 @@ int run(const RunOptions& options) {
   return 0;
 }
 
+// The layer benchmark is its own binary (bench/layer), so that this tool builds without the
+// benchmarks: it is looked for beside this binary, then where the build puts it.
 int bench_main(const std::vector<std::string>& args) {
-  BenchOptions options;
+  std::error_code error;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  const std::filesystem::path dir = error ? std::filesystem::path(".") : self.parent_path();
+  for (const std::filesystem::path& candidate :
+       {dir / "megamoe_layer_bench", dir / "bench" / "layer" / "megamoe_layer_bench"}) {
+    if (!std::filesystem::exists(candidate)) continue;
+    const std::string path = candidate.string();
+    std::vector<char*> argv = {const_cast<char*>(path.c_str())};
+    for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+    argv.push_back(nullptr);
+    execv(path.c_str(), argv.data());
+    std::cerr << "megamoe: bench: could not run " << path << ": " << std::strerror(errno) << "\n";
+    return kExitFailure;
+  }
+  const std::string missing = "the layer benchmark is not built; build it: cmake --build " + dir.string() +
+                              " --target megamoe_layer_bench";
+  if (wants_help(args)) {
+    std::cout << "usage:\n" << bench_usage() << "(" << missing << ")\n";
+    return 0;
+  }
+  std::cerr << "megamoe: bench: " << missing << "\n";
+  return kExitFailure;
+}
+
+// Parses with `parse` (a megamoe::Error is a usage error, exit 2), then runs `body` (exit 1 on error).
+template <typename Parse, typename Body>
+int command_main(const std::vector<std::string>& args, const char* usage, bool presets, const Parse& parse,
+                 const Body& body) {
+  if (wants_help(args)) {
+    std::cout << "usage:\n" << usage;
+    if (presets) {
+      std::cout << "\n";
+      print_presets(std::cout);
+    }
+    return 0;
+  }
+  decltype(parse(args)) options;
   try {
-    options = parse_bench(args);
+    options = parse(args);
   } catch (const Error& error) {
     std::cerr << "megamoe: " << error.what() << "\n";
     return kExitUsage;
   }
-  try {
-    run_bench(options);
-    return 0;
-  } catch (const std::exception& error) {
-    std::cerr << "megamoe: error: " << error.what() << "\n";
-    return kExitFailure;
-  }
+  return body(options);
 }
 
 int cli_main(const std::vector<std::string>& args) {
@@ -253,28 +390,34 @@ int cli_main(const std::vector<std::string>& args) {
     return kExitUsage;
   }
   const std::string& command = args[0];
+  const std::vector<std::string> rest(args.begin() + 1, args.end());
   if (command == "help" || command == "--help" || command == "-h") {
     print_usage(std::cout);
     return 0;
   }
-  if (command == "bench") return bench_main(std::vector<std::string>(args.begin() + 1, args.end()));
+  if (command == "bench") return bench_main(rest);
+  if (command == "info") {
+    return command_main(rest, info_usage(), true, parse_info, [](const InfoOptions& options) { return info(options); });
+  }
   if (command != "run") {
-    std::cerr << "megamoe: unknown command '" << command << "' (commands: run, bench, help)\n";
+    std::cerr << "megamoe: unknown command '" << command << "' (commands: run, info, bench, help)\n";
     return kExitUsage;
   }
-  RunOptions options;
-  try {
-    options = parse_run(std::vector<std::string>(args.begin() + 1, args.end()));
-  } catch (const Error& error) {
-    std::cerr << "megamoe: " << error.what() << "\n";
-    return kExitUsage;
-  }
-  try {
-    return run(options);
-  } catch (const std::exception& error) {
-    std::cerr << "megamoe: error: " << error.what() << "\n";
-    return kExitFailure;
-  }
+  return command_main(rest, run_usage(), true, parse_run, [](const RunOptions& options) {
+    BackendChoice choice;
+    try {
+      choice = preflight(options);
+    } catch (const Error& error) {
+      std::cerr << "megamoe: " << error.what() << "\n";
+      return kExitUsage;
+    }
+    try {
+      return run(options, choice);
+    } catch (const std::exception& error) {
+      std::cerr << "megamoe: error: " << error.what() << "\n";
+      return kExitFailure;
+    }
+  });
 }
 
 }  // namespace

@@ -67,8 +67,7 @@ MEGAMOE_HD uint32_t interleave_e2m1_signs(uint32_t packed) {
 
 // Codes 0..3 (low) or 4..7 (high) of an interleaved word as four E4M3 bytes in column order. PRMT
 // reads only the selector's low 16 bits, so both halves take their selectors from one masked word,
-// which the compiler computes once (a mask per half had cost one more instruction per word; fp8_fp4
-// decode launches 1-3% faster).
+// which the compiler computes once (a mask per half costs one more instruction per word).
 MEGAMOE_HD uint32_t e2m1_magnitudes(uint32_t interleaved) { return interleaved & 0x77777777u; }
 MEGAMOE_HD uint32_t expand_e2m1_low(uint32_t interleaved, E2M1Table table) {
   return select_bytes(table.low, table.high, e2m1_magnitudes(interleaved)) | (interleaved & 0x80808080u);

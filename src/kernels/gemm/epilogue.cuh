@@ -310,12 +310,10 @@ struct StoreEpilogue {
   // tokens 16 warp + l / 8 + 4j. Finding a routed row reads its pool source: lane t < 16 copies
   // token 16 warp + t's (cp.async) into the free end of the token's staging row before the tile's
   // mainloop, so that nothing waits on the load and no register holds the sources through the
-  // mainloop (with four per thread held there, fp8 L2 prefill took 1.01-1.04x the time).
+  // mainloop.
   //
   // With store warps (Config::kStoreWarps, fp8 and bf16) the math warpgroup instead stages its
   // tokens' whole rows and goes back to its wgmmas; store warp w copies them out (store_staged_tiles).
-  // Against the above with four stages: fp8 L2 0.97-1.02x the time, bf16 L2 0.95-0.97x, and fp8 L2
-  // 0.97-1.00x more without the warpgroup stagger (docs/gemm.md).
   static constexpr uint32_t kCopyTokens = 16 * (Config::kPassBytes / 16) / 32;
   static constexpr uint32_t kSourceOffset = Config::kPassBytes;  // in a staging row, past its data
   __device__ static uint32_t copy_token(uint32_t warpgroup, uint32_t warp, uint32_t lane, uint32_t j) {
@@ -447,8 +445,7 @@ struct StoreEpilogue {
       const bool lane_stores = 8 * lane < epilogue.n_out - feature;
       // Lane l finds the rows of tokens l and l + 32 (their pool-source loads in flight together);
       // each token's row address then comes from its lane. (Finding each row inside the loop, a
-      // dependent load and a division by top-k per token, left the store warp behind its
-      // warpgroup: fp8 L2 took 1.19-1.31x the time.)
+      // dependent load and a division by top-k per token, leaves the store warp behind its warpgroup.)
       uint16_t* const low = lane < tokens ? epilogue.destination.row(first_row + lane) + feature : nullptr;
       uint16_t* const high = lane + 32 < tokens ? epilogue.destination.row(first_row + lane + 32) + feature : nullptr;
       const uint8_t* staged_row = staging + first_token * Config::kL2StagingStride + 16 * lane;

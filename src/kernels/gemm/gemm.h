@@ -32,19 +32,16 @@ struct SplitWorkspace {
 // few tiles; in 64-token tiles a group that fits one tile narrows its wgmmas to 16 or 32 tokens, and
 // a group of many rows streams its weight tiles a quarter as often. So 16-token tiles take up to 3
 // expected rows, and up to 16 rows for launches of fewer than kWideDecodeGroups groups (split K) or
-// with packed weights (fp8_fp4: its raw ring keeps a fourth stage only in 16-token tiles). At 4
-// rows the 64-token tile measured 0.91-1.00x the time under skewed routing (a few groups hold tens
-// of rows) and 0.99-1.01x under uniform and random routing; at 2 rows random routing made it up to
-// 3% slower (the DeepSeek-V3 layer at 64 tokens 0.7%), and at one row it was mixed.
+// with packed weights (fp8_fp4: its raw ring keeps a fourth stage only in 16-token tiles). From 4
+// rows the 64-token tile helps skewed routing (a few groups hold tens of rows) and costs the others
+// nothing; below that it did not pay (docs/experiments.md, "Decode tile widths").
 inline constexpr uint32_t kWideDecodeRows = 4;
 inline constexpr uint32_t kWideDecodeGroups = 32;
 // tokens_on_m from 40 expected rows (fp8, fp8_fp4) or 49 (bf16): a group of up to 128 rows is then
 // one token tile, which reads each weight tile once. In 64-token weights_on_m tiles the many groups
 // past 64 rows (random routing around 64) streamed each weight tile twice, in two CTAs that did not
-// stay close enough to share it in L2: at 64 rows, random routing, 128 groups, fp8 L1 took
-// 1441-1570 us there against 967-982 us in tokens_on_m (fp8 L2 859-870 against 511-518; fp8_fp4
-// L1 1689 against 1260, L2 900 against 652). Below the thresholds weights_on_m measured faster or
-// even (bf16 L1 at 40-48 rows 5-9% faster; fp8_fp4 L1 at 32 rows up to 11%).
+// stay close enough to share it in L2. Below the thresholds weights_on_m measured faster or even
+// (docs/experiments.md, "Where tokens go on M").
 __host__ __device__ constexpr uint32_t tokens_on_m_rows(Recipe recipe) { return recipe == Recipe::bf16 ? 49u : 40u; }
 struct TileShape {
   TileLayout layout;

@@ -114,8 +114,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
   RingPosition<Config::kStages> ring;
   float acc[2][Config::kAccRegs];
   // tokens_on_m: warpgroup 1 starts kStaggerKBlocks behind warpgroup 0 (pipeline.cuh), unless store
-  // warps keep the epilogue short: then the lag only cost the three-stage ring depth (the leading
-  // warpgroup waits on stages the lagging one still reads; fp8 L2 0.97-1.00x the time without it).
+  // warps keep the epilogue short: then the lag only costs the three-stage ring depth (the leading
+  // warpgroup waits on stages the lagging one still reads).
   constexpr bool kStaggered = Config::kLayout == TileLayout::tokens_on_m && !Config::kStoreWarps;
   constexpr uint32_t kNoStagger = ~0u;
   uint32_t group_cursor = 0;

@@ -337,9 +337,8 @@ __device__ void consume_weights_on_m_width(const SharedStorage<Config>& smem, Ri
           tile_acc[j][i + 1] += partial[j][i + 1] * (row_scales[j] * scales[1]);
         }
       };
-      // fp8: both m64 blocks' wgmmas in flight, block 0 promoted while block 1's run (2-6% faster
-      // at 64 tokens per expert). fp8_fp4 (216 math registers) measured 1-2% slower that way, so
-      // its blocks run one after the other.
+      // fp8: both m64 blocks' wgmmas in flight, block 0 promoted while block 1's run. fp8_fp4 (216
+      // math registers) runs its blocks one after the other, which measured faster for it.
 #pragma unroll
       for (uint32_t j = 0; j < 2; ++j) {
         const ptx::SmemDescSw128 desc_weights = smem.weights_desc(stage).plus((2 * warpgroup + j) * kM64Bytes);
@@ -409,8 +408,8 @@ __device__ void consume_tokens_on_m_scaled(const SharedStorage<Config>& smem, Ri
   const PipelineWatch watch = args.watch;
   // fp8: warpgroup 0 lets warpgroup 1 start once its first half of K block stagger_kb has completed,
   // so that each warpgroup's halves fall between the other's instead of in step with them (both
-  // promoting at once leaves the tensor cores idle): fp8 L1 0.98x the time against the start of
-  // the K block. fp8_fp4, whose stages complete when the converters finish, measured 1.00-1.02x.
+  // promoting at once leaves the tensor cores idle). Not fp8_fp4: its stages complete when the
+  // converters finish.
   constexpr bool kStaggerAfterFirstHalf = !Config::kPacked;
 
   float partial[Config::kAccRegs];

@@ -80,8 +80,7 @@ __host__ __device__ constexpr TileCoords banded_tile(uint32_t local, uint32_t n_
 // How many of a weights_on_m tile's tokens its wgmmas cover. A group's only token tile narrows them to
 // its rows (16, 32 or 64 wide: no tensor-core time or promotion for tokens it does not have). A group
 // of several token tiles keeps all of them at BLOCK_N: its tiles stream one weight tile side by side
-// and share its lines in L2 only while they run at one speed (a narrower last tile ran ahead, and
-// the fp8 L1 GEMM under random routing at 64 rows per group ran 17-19% slower).
+// and share its lines in L2 only while they run at one speed (a narrower last tile runs ahead).
 __host__ __device__ constexpr uint32_t wgmma_rows(uint32_t group_rows, uint32_t tile_rows, uint32_t block_n) {
   return group_rows <= block_n ? tile_rows : block_n;
 }

@@ -22,8 +22,8 @@ namespace megamoe::gemm {
 inline constexpr uint64_t kSplitPartialsOffset = kGemmSplitCounters * sizeof(uint32_t);
 
 // Which configs split: 16-token decode tiles only. tokens_on_m's staggered warpgroups assume whole
-// tiles; with 64 tokens a unit's partials are 64 KiB, and their round trip cost more than the idle
-// SMs in 3 of the 4 measured launches (L2 at 1 expert x 64 tokens: 0.81x fp8, 0.89x bf16).
+// tiles; with 64 tokens a unit's partials are 64 KiB, and their round trip costs more than the
+// idle SMs gain.
 inline constexpr uint32_t kMaxSplitTokenTile = 16;
 template <class Config>
 inline constexpr bool kSplitsK = Config::kLayout == TileLayout::weights_on_m && Config::kBlockN <= kMaxSplitTokenTile;

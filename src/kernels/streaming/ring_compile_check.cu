@@ -1,5 +1,5 @@
 // Compile check: every protocol step of megamoe/streaming.h instantiated over the GPU policy for
-// sm_90a, so a change that breaks them on the device fails the library build, not a later kernel.
+// sm_90a, so a change that breaks them on the device fails the build, not a later kernel.
 #include "kernels/streaming/ring_device.cuh"
 
 namespace megamoe::device {

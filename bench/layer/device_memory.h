@@ -9,7 +9,7 @@
 
 #include "megamoe/error.h"
 
-namespace megamoe::cli {
+namespace megamoe::bench {
 
 class DeviceArena {
  public:
@@ -35,4 +35,4 @@ class DeviceArena {
   std::vector<void*> pointers_;
 };
 
-}  // namespace megamoe::cli
+}  // namespace megamoe::bench

@@ -1,4 +1,4 @@
-#include "cli/unfused_baseline_kernels.h"
+#include "bench/layer/unfused_baseline_kernels.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -8,7 +8,7 @@
 #include "megamoe/config.h"
 #include "megamoe/error.h"
 
-namespace megamoe::cli::baseline {
+namespace megamoe::bench::baseline {
 namespace {
 
 constexpr int kThreads = 256;
@@ -259,4 +259,4 @@ void combine(const uint16_t* results, const int32_t* route_position, const float
   check_launch("baseline combine");
 }
 
-}  // namespace megamoe::cli::baseline
+}  // namespace megamoe::bench::baseline

@@ -1,15 +1,15 @@
-// `megamoe bench`: its command line and the work model its floors and rates come from.
+// The layer benchmark (`megamoe bench`): its command line, and the work model of its floors and rates.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
 #include <vector>
 
-#include "cli/layer_bench.h"
+#include "bench/layer/layer_bench.h"
 #include "comm/launcher.h"
 #include "megamoe/error.h"
 
-namespace megamoe::cli {
+namespace megamoe::bench {
 namespace {
 
 std::string parse_error(const std::vector<std::string>& args) {
@@ -215,4 +215,4 @@ TEST(BenchRun, WithoutAGpuSaysSo) {
 }
 
 }  // namespace
-}  // namespace megamoe::cli
+}  // namespace megamoe::bench

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-namespace megamoe::cli::baseline {
+namespace megamoe::bench::baseline {
 
 // Largest number of experts route_layout handles (two counters per expert in shared memory).
 inline constexpr int32_t kMaxLayoutExperts = 6144;
@@ -57,4 +57,4 @@ void swiglu(const uint16_t* h, int64_t rows, int32_t intermediate, bool fp8, flo
 void combine(const uint16_t* results, const int32_t* route_position, const float* topk_weights, const uint16_t* shared,
              int32_t tokens, int32_t top_k, int32_t hidden, uint16_t* y, cudaStream_t stream);
 
-}  // namespace megamoe::cli::baseline
+}  // namespace megamoe::bench::baseline

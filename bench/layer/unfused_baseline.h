@@ -31,7 +31,7 @@
 #include "megamoe/layer.h"
 #include "megamoe/problem.h"
 
-namespace megamoe::cli {
+namespace megamoe::bench {
 
 class UnfusedBaseline {
  public:
@@ -58,4 +58,4 @@ class UnfusedBaseline {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace megamoe::cli
+}  // namespace megamoe::bench

@@ -1,6 +1,6 @@
 // `megamoe bench`: the whole layer, per token count, against the unfused baseline (unfused_baseline.h),
 // with floors from ceilings measured in the same run, printed and written as JSON in the format of
-// shared/bench-results.md (benchmark "layer").
+// docs/results.md (benchmark "layer").
 //
 // Run mode: with at least --ranks Hopper GPUs, every rank is a process on its own GPU (NCCL) and both
 // the fused layer and the baseline run; otherwise the ranks are emulated on GPU 0, only the fused
@@ -16,7 +16,7 @@
 #include "megamoe/reference.h"
 #include "megamoe/synthetic.h"
 
-namespace megamoe::cli {
+namespace megamoe::bench {
 
 struct BenchOptions {
   const Preset* preset = nullptr;
@@ -96,4 +96,4 @@ struct Rates {
 };
 Rates layer_rates(const std::vector<RankWork>& work, double us, bool emulated);
 
-}  // namespace megamoe::cli
+}  // namespace megamoe::bench

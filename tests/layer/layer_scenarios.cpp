@@ -8,6 +8,7 @@
 #include <random>
 #include <sstream>
 
+#include "layer/sm_holder.h"
 #include "megamoe/device_batch.h"
 #include "megamoe/device_weights.h"
 #include "megamoe/error.h"
@@ -25,7 +26,9 @@ template <typename T>
 struct Device {
   T* data = nullptr;
   size_t count = 0;
-  explicit Device(size_t n) : count(n) { cuda_ok(cudaMalloc(&data, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc"); }
+  explicit Device(size_t n) : count(n) {
+    cuda_ok(cudaMalloc(reinterpret_cast<void**>(&data), std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc");
+  }
   ~Device() { cudaFree(data); }
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
@@ -42,28 +45,6 @@ Problem case_problem(const LayerCase& c) {
   p.max_tokens_per_rank = std::max(1, *std::max_element(c.tokens_per_rank.begin(), c.tokens_per_rank.end()));
   p.recipe = c.recipe;
   return p;
-}
-
-// Holds a multiprocessor (its shared memory leaves no room for a layer CTA) until `ns` have passed.
-__global__ void hold_multiprocessor(uint64_t ns) {
-  extern __shared__ uint8_t held[];
-  uint64_t start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-  held[threadIdx.x] = 1;
-}
-
-void hold_half_the_sms(cudaStream_t stream) {
-  int device = 0, sms = 0, smem = 0;
-  cuda_ok(cudaGetDevice(&device), "cudaGetDevice");
-  cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count");
-  cuda_ok(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "smem");
-  cuda_ok(cudaFuncSetAttribute(hold_multiprocessor, cudaFuncAttributeMaxDynamicSharedMemorySize, smem / 2),
-          "cudaFuncSetAttribute");
-  hold_multiprocessor<<<sms / 2, 32, smem / 2, stream>>>(50'000'000ull);  // 50 ms
-  cuda_ok(cudaGetLastError(), "hold_multiprocessor launch");
 }
 
 struct Caller {

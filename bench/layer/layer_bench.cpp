@@ -1,4 +1,4 @@
-#include "cli/layer_bench.h"
+#include "bench/layer/layer_bench.h"
 
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
@@ -21,9 +21,9 @@
 
 #include "bench/common/ceilings.h"
 #include "bench/common/report.h"
-#include "cli/device_memory.h"
+#include "bench/layer/device_memory.h"
 #include "cli/flags.h"
-#include "cli/unfused_baseline.h"
+#include "bench/layer/unfused_baseline.h"
 #include "comm/check.h"
 #include "comm/launcher.h"
 #include "megamoe/comm.h"
@@ -33,7 +33,13 @@
 #include "megamoe/formats.h"
 #include "megamoe/layer.h"
 
-namespace megamoe::cli {
+namespace megamoe::bench {
+
+using cli::Flags;
+using cli::parse_number;
+using cli::preset_flag;
+using cli::ranks_flag;
+
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
@@ -373,7 +379,7 @@ const char* bench_usage() {
          "\n"
          "Times the whole layer and an unfused baseline (NCCL all-to-all, cuBLASLt per-expert GEMMs and\n"
          "permute/SwiGLU/combine kernels) for each token count, with floors from ceilings measured in\n"
-         "the same run, and writes the results as JSON (shared/bench-results.md, benchmark \"layer\").\n"
+         "the same run, and writes the results as JSON (docs/results.md, benchmark \"layer\").\n"
          "With fewer Hopper GPUs than ranks the ranks are emulated on GPU 0 and only the fused layer runs;\n"
          "so does fp8_fp4, which cuBLASLt has no GEMM for.\n"
          "  --tokens   tokens per rank, comma-separated (default 1,8,128,512,2048,8192)\n"
@@ -697,4 +703,4 @@ void run_bench(const BenchOptions& options) {
   bench::write_report(report, options.out);
 }
 
-}  // namespace megamoe::cli
+}  // namespace megamoe::bench

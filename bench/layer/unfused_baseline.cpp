@@ -1,4 +1,4 @@
-#include "cli/unfused_baseline.h"
+#include "bench/layer/unfused_baseline.h"
 
 #include <cublasLt.h>
 #include <nccl.h>
@@ -9,14 +9,14 @@
 #include <tuple>
 #include <vector>
 
-#include "cli/device_memory.h"
-#include "cli/unfused_baseline_kernels.h"
+#include "bench/layer/device_memory.h"
+#include "bench/layer/unfused_baseline_kernels.h"
 #include "comm/check.h"
 #include "megamoe/error.h"
 #include "megamoe/formats.h"
 #include "megamoe/synthetic.h"
 
-namespace megamoe::cli {
+namespace megamoe::bench {
 namespace {
 
 constexpr size_t kWorkspaceBytes = 32ull << 20;
@@ -381,4 +381,4 @@ void UnfusedBaseline::run(const LayerInputs& inputs, const TensorView& y, cudaSt
   impl_->run(inputs, y, stream);
 }
 
-}  // namespace megamoe::cli
+}  // namespace megamoe::bench
