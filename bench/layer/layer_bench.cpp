@@ -75,9 +75,13 @@ class SharedArray {
 };
 
 // What a rank measured for one token count (or for the baseline check); NaN where not measured.
+// Per schedule (indexed by Schedule): the call's median over the repeats, the same call captured
+// once in a CUDA graph and replayed (no launch gaps), and the kernels in that graph.
 struct RankMeasures {
-  double fused_us = kNaN;  // median over the repeats
-  double graph_us = kNaN;  // the same call captured once in a CUDA graph and replayed (no launch gaps)
+  double us[2] = {kNaN, kNaN};
+  double graph_us[2] = {kNaN, kNaN};
+  int64_t launches[2] = {0, 0};
+  double gemm_only_us = kNaN;  // the staged call's L1 and L2 launches alone, on the same rows
   double baseline_us = kNaN;
   double diff_squares = kNaN;      // sum over this rank's y of (baseline - fused)^2
   double fused_squares = kNaN;     // sum of fused^2
@@ -173,6 +177,7 @@ struct BenchData {
   bool with_baseline = true;  // one NCCL process per GPU and a recipe cuBLASLt can run (not fp8_fp4)
   uint64_t seed = 1;
   int32_t repeats = 10;
+  std::vector<Schedule> schedules;
 };
 
 class EventPair {
@@ -223,10 +228,39 @@ std::vector<double> median_calls_us(Communicator& comm, cudaStream_t stream, int
   return medians;
 }
 
-void call_fused(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
-                cudaStream_t stream) {
-  mega_moe(buffer, inputs, weights, y, stream);
+void call_layer(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
+                cudaStream_t stream, Schedule schedule) {
+  mega_moe(buffer, inputs, weights, y, stream, {}, CallOptions{schedule});
 }
+
+// A call captured in a CUDA graph, and the number of kernels it launches.
+struct CapturedCall {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  int64_t kernels = 0;
+  template <class Call>
+  CapturedCall(cudaStream_t stream, const Call& call) {
+    MEGAMOE_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    call();
+    MEGAMOE_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+    MEGAMOE_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    size_t nodes = 0;
+    MEGAMOE_CHECK_CUDA(cudaGraphGetNodes(graph, nullptr, &nodes));
+    std::vector<cudaGraphNode_t> all(nodes);
+    MEGAMOE_CHECK_CUDA(cudaGraphGetNodes(graph, all.data(), &nodes));
+    for (cudaGraphNode_t node : all) {
+      cudaGraphNodeType type;
+      MEGAMOE_CHECK_CUDA(cudaGraphNodeGetType(node, &type));
+      kernels += type == cudaGraphNodeTypeKernel ? 1 : 0;
+    }
+  }
+  ~CapturedCall() {
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  CapturedCall(const CapturedCall&) = delete;
+  CapturedCall& operator=(const CapturedCall&) = delete;
+};
 
 // Compares the baseline's y with the fused layer's (both [tokens, hidden] BF16 on the device).
 void compare_outputs(const uint16_t* fused, const uint16_t* baseline, int64_t count, cudaStream_t stream,
@@ -272,7 +306,8 @@ void check_baseline(Communicator& comm, const BenchData& data, RankMeasures& res
   UnfusedBaseline unfused(comm, p, weights->view());
   comm.barrier();
 
-  bf16_mega_moe(buffer, inputs.inputs(), weights->view(), y_view(fused_y, batch.num_tokens, p.hidden), stream);
+  bf16_mega_moe(buffer, inputs.inputs(), weights->view(), y_view(fused_y, batch.num_tokens, p.hidden), stream, {},
+                CallOptions{data.schedules.front()});
   buffer.check_device_error(stream);
   unfused.run(inputs.inputs(), y_view(baseline_y, batch.num_tokens, p.hidden), stream);
   MEGAMOE_CHECK_CUDA(cudaStreamSynchronize(stream));
@@ -317,33 +352,43 @@ void bench_rank(Communicator& comm, const BenchData& data, const SharedArray<Ran
     const LayerInputs& in = inputs[s]->inputs();
     const TensorView fused_out = y_view(fused_y, in.num_tokens, p.hidden);
     RankMeasures m;
-    // Decode engines replay captured graphs; the fused layer needs no host sync, so it can be one.
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t graph_exec = nullptr;
-    MEGAMOE_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    call_fused(buffer, in, weights->view(), fused_out, stream);
-    MEGAMOE_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-    MEGAMOE_CHECK_CUDA(cudaGraphInstantiate(&graph_exec, graph, 0));
-    std::vector<std::function<void()>> calls = {
-        [&] { call_fused(buffer, in, weights->view(), fused_out, stream); },
-        [&] { MEGAMOE_CHECK_CUDA(cudaGraphLaunch(graph_exec, stream)); }};
+    // Each schedule eager and as a replayed graph (decode engines replay captured graphs; neither
+    // schedule syncs with the host, so both can be one), the expert GEMMs alone on the same rows, and
+    // the baseline: all take turns in every round.
+    std::vector<std::unique_ptr<CapturedCall>> graphs;
+    std::vector<std::function<void()>> calls;
+    for (Schedule schedule : data.schedules) {
+      graphs.push_back(std::make_unique<CapturedCall>(
+          stream, [&] { call_layer(buffer, in, weights->view(), fused_out, stream, schedule); }));
+      cudaGraphExec_t exec = graphs.back()->exec;
+      calls.push_back([&, schedule] { call_layer(buffer, in, weights->view(), fused_out, stream, schedule); });
+      calls.push_back([&, exec] { MEGAMOE_CHECK_CUDA(cudaGraphLaunch(exec, stream)); });
+    }
+    // After any call of these inputs the pool holds their rows (the calls before it in each round).
+    calls.push_back([&] { detail::expert_gemms(buffer, in, weights->view(), stream); });
     if (unfused) {
       calls.push_back([&] { unfused->run(in, y_view(baseline_y, in.num_tokens, p.hidden), stream); });
     }
     const std::vector<double> medians = median_calls_us(comm, stream, data.repeats, calls);
-    m.fused_us = medians[0];
-    m.graph_us = medians[1];
+    for (size_t i = 0; i < data.schedules.size(); ++i) {
+      const size_t which = static_cast<size_t>(data.schedules[i]);
+      m.us[which] = medians[2 * i];
+      m.graph_us[which] = medians[2 * i + 1];
+      m.launches[which] = graphs[i]->kernels;
+    }
+    m.gemm_only_us = medians[2 * data.schedules.size()];
     buffer.check_device_error(stream);
-    MEGAMOE_CHECK_CUDA(cudaGraphExecDestroy(graph_exec));
-    MEGAMOE_CHECK_CUDA(cudaGraphDestroy(graph));
     if (unfused) {
-      m.baseline_us = medians[2];
+      m.baseline_us = medians.back();
+      // y of the last call in the last round: every schedule's y is checked against the reference by
+      // the tests; here the baseline's is compared with it.
+      call_layer(buffer, in, weights->view(), fused_out, stream, data.schedules.front());
       compare_outputs(fused_y, baseline_y, int64_t{in.num_tokens} * p.hidden, stream, m);
     }
     measures[s * static_cast<size_t>(ranks) + static_cast<size_t>(rank)] = m;
     if (rank == 0) {
-      std::fprintf(stderr, "bench: %d tokens/rank: rank 0 fused %.1f us, baseline %.1f us\n", in.num_tokens, m.fused_us,
-                   m.baseline_us);
+      std::fprintf(stderr, "bench: %d tokens/rank: rank 0 staged %.1f us, fused %.1f us, baseline %.1f us\n",
+                   in.num_tokens, m.us[0], m.us[1], m.baseline_us);
     }
   }
   comm.barrier();  // no rank frees its buffer while another still uses it
@@ -375,7 +420,8 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 const char* bench_usage() {
   return "  megamoe bench --preset NAME [--ranks R] [--tokens LIST] [--recipe fp8|fp8_fp4|bf16]\n"
-         "                [--routing uniform|zipf] [--seed S] [--repeats N] --out FILE\n"
+         "                [--routing uniform|zipf] [--schedule staged,fused] [--seed S] [--repeats N]\n"
+         "                --out FILE\n"
          "\n"
          "Times the whole layer and an unfused baseline (NCCL all-to-all, cuBLASLt per-expert GEMMs and\n"
          "permute/SwiGLU/combine kernels) for each token count, with floors from ceilings measured in\n"
@@ -383,12 +429,14 @@ const char* bench_usage() {
          "With fewer Hopper GPUs than ranks the ranks are emulated on GPU 0 and only the fused layer runs;\n"
          "so does fp8_fp4, which cuBLASLt has no GEMM for.\n"
          "  --tokens   tokens per rank, comma-separated (default 1,8,128,512,2048,8192)\n"
+         "  --schedule which schedules to time, comma-separated (default staged,fused; rows per schedule)\n"
          "  --repeats  timed calls per size; the median is reported (default 10)\n"
          "  --out      the JSON results file (its directory must exist)\n";
 }
 
 BenchOptions parse_bench(const std::vector<std::string>& args) {
-  const Flags flags(args, {"--preset", "--ranks", "--tokens", "--recipe", "--routing", "--seed", "--repeats", "--out"});
+  const Flags flags(args, {"--preset", "--ranks", "--tokens", "--recipe", "--routing", "--seed", "--repeats",
+                           "--schedule", "--out"});
   BenchOptions options;
   options.command = "megamoe bench";
   for (const std::string& arg : args) options.command += " " + arg;
@@ -414,6 +462,21 @@ BenchOptions parse_bench(const std::vector<std::string>& args) {
   if (auto text = flags.value("--routing")) {
     require(parse_routing(*text, options.routing) && options.routing != Routing::one_expert, "--routing",
             "must be uniform or zipf, got '", *text, "'");
+  }
+  if (auto text = flags.value("--schedule")) {
+    options.schedules.clear();
+    std::stringstream list(*text);
+    std::string item;
+    while (std::getline(list, item, ',')) {
+      Schedule schedule = Schedule::staged;
+      require(parse_schedule(item, schedule), "--schedule", "must be a comma-separated list of staged and fused, got '",
+              *text, "'");
+      require(std::find(options.schedules.begin(), options.schedules.end(), schedule) == options.schedules.end(),
+              "--schedule", "names ", item, " twice");
+      options.schedules.push_back(schedule);
+    }
+    require(!options.schedules.empty() && text->back() != ',', "--schedule",
+            "expected a comma-separated list of staged and fused, got '", *text, "'");
   }
   if (auto text = flags.value("--seed")) options.seed = parse_number<uint64_t>("--seed", *text, 0, UINT64_MAX);
   if (auto text = flags.value("--repeats")) options.repeats = parse_number<int32_t>("--repeats", *text, 1, 10000);
@@ -559,6 +622,7 @@ void run_bench(const BenchOptions& options) {
   data.problem = problem;
   data.seed = options.seed;
   data.repeats = options.repeats;
+  data.schedules = options.schedules;
   data.with_baseline = with_baseline;
   for (int32_t tokens : options.tokens) {
     data.batches.push_back(synthetic_batches(problem, std::vector<int32_t>(static_cast<size_t>(ranks), tokens),
@@ -603,43 +667,31 @@ void run_bench(const BenchOptions& options) {
                      {"fp8_dense_tflops", ceilings.fp8_dense_tflops},
                      {"bf16_dense_tflops", ceilings.bf16_dense_tflops},
                      {"peer_copy_gbps", ceilings.peer_copy_gbps}};
-  std::printf("\n%11s | %9s %9s %8s %9s %9s | %11s %8s %9s %9s | %7s %7s | %8s %8s %-7s | %9s\n", "tokens/rank",
-              "us", "graph us", "TFLOP/s", "HBM GB/s", "NVL GB/s", "baseline us", "TFLOP/s", "HBM GB/s", "NVL GB/s",
-              "speedup", "(graph)", "roofline", "(base)", "bound", "y diff");
+  std::printf("\n%11s %-8s %3s | %9s %9s %8s %9s %9s | %9s | %11s | %7s %7s | %8s %8s %-7s | %9s\n",
+              "tokens/rank", "schedule", "kn", "us", "graph us", "TFLOP/s", "HBM GB/s", "NVL GB/s", "GEMMs us",
+              "baseline us", "speedup", "(graph)", "roofline", "(base)", "bound", "y diff");
   std::vector<std::string> problems;  // baseline outputs that fail their check
+  const uint64_t buffer_bytes = BufferLayout::make(problem).total_bytes;
   for (size_t s = 0; s < sizes; ++s) {
     const int32_t tokens = options.tokens[s];
     const RankMeasures* row = &measures[s * static_cast<size_t>(ranks)];
-    double us = 0, graph_us = 0, baseline_us = 0;
+    double baseline_us = 0, gemm_only_us = 0;
     int64_t nonfinite = 0;
     for (int32_t r = 0; r < ranks; ++r) {
-      us = std::max(us, row[r].fused_us);
-      graph_us = std::max(graph_us, row[r].graph_us);
       baseline_us = with_baseline ? std::max(baseline_us, row[r].baseline_us) : kNaN;
+      gemm_only_us = std::max(gemm_only_us, row[r].gemm_only_us);
       nonfinite += row[r].baseline_nonfinite;
     }
     const double y_error = with_baseline ? normalized_error(row, ranks) : kNaN;
     const std::vector<RankWork> work = layer_work(problem, data.batches[s]);
     const Floors floors = layer_floors(problem, work, ceilings, emulated);
-    const Rates fused = layer_rates(work, us, emulated);
     const Rates baseline = layer_rates(work, baseline_us, emulated);
-    const double speedup = baseline_us / us;
-    const double graph_speedup = baseline_us / graph_us;
-    const double roofline = floors.largest_us() / us;
     const double baseline_roofline = floors.largest_us() / baseline_us;
-    std::printf("%11d | %9.1f %9.1f %8.1f %9.0f %9s | %11s %8s %9s %9s | %7s %7s | %8.3f %8s %-7s | %9s\n", tokens,
-                us, graph_us, fused.tflops, fused.hbm_gbps, format(fused.nvlink_gbps, "%.0f").c_str(),
-                format(baseline_us, "%.1f").c_str(), format(baseline.tflops, "%.1f").c_str(),
-                format(baseline.hbm_gbps, "%.0f").c_str(), format(baseline.nvlink_gbps, "%.0f").c_str(),
-                format(speedup, "%.2fx").c_str(), format(graph_speedup, "%.2fx").c_str(), roofline,
-                format(baseline_roofline, "%.3f").c_str(),
-                limiting_floor(floors), format(y_error, "%.2e").c_str());
     if (with_baseline && nonfinite > 0)
       problems.push_back(detail::concat(tokens, " tokens/rank: ", nonfinite, " non-finite values in the baseline's y"));
     if (with_baseline && problem.recipe == Recipe::bf16 && !(y_error < kCheckBound))
-      problems.push_back(detail::concat(tokens, " tokens/rank: the baseline's y differs from the fused layer's by ",
-                                        y_error, " (normalized, bound ", kCheckBound, ")"));
-
+      problems.push_back(detail::concat(tokens, " tokens/rank: the baseline's y differs from the layer's by ", y_error,
+                                        " (normalized, bound ", kCheckBound, ")"));
     double flops = 0, hbm_bytes = 0, link_bytes = 0;
     int64_t routes = 0;
     for (const RankWork& w : work) {
@@ -648,41 +700,69 @@ void run_bench(const BenchOptions& options) {
       link_bytes += w.link_out_bytes;
       routes += w.routes_sent;
     }
-    report.rows.push_back({{"recipe", std::string(to_string(problem.recipe))},
-                           {"ranks", static_cast<long long>(ranks)},
-                           {"tokens_per_rank", static_cast<long long>(tokens)},
-                           {"mode", std::string(emulated ? "emulated" : "processes")},
-                           {"routing", std::string(to_string(options.routing))},
-                           {"us", us},
-                           {"graph_us", graph_us},
-                           {"tflops", fused.tflops},
-                           {"hbm_gbps", fused.hbm_gbps},
-                           {"nvlink_gbps", fused.nvlink_gbps},
-                           {"baseline_available", static_cast<long long>(with_baseline ? 1 : 0)},
-                           {"baseline_us", baseline_us},
-                           {"baseline_tflops", baseline.tflops},
-                           {"baseline_hbm_gbps", baseline.hbm_gbps},
-                           {"baseline_nvlink_gbps", baseline.nvlink_gbps},
-                           {"speedup", speedup},
-                           {"graph_speedup", graph_speedup},
-                           {"roofline_fraction", roofline},
-                           {"graph_roofline_fraction", floors.largest_us() / graph_us},
-                           {"baseline_roofline_fraction", baseline_roofline},
-                           {"floor_compute_us", floors.compute_us},
-                           {"floor_hbm_us", floors.hbm_us},
-                           {"floor_nvlink_us", floors.nvlink_us},
-                           {"flops", flops},
-                           {"hbm_bytes", hbm_bytes},
-                           {"nvlink_bytes", link_bytes},
-                           {"routes", static_cast<long long>(routes)},
-                           {"repeats", static_cast<long long>(options.repeats)},
-                           {"baseline_y_error", y_error},
-                           {"baseline_check_error", check_error}});
+    for (Schedule schedule : options.schedules) {
+      const size_t which = static_cast<size_t>(schedule);
+      double us = 0, graph_us = 0;
+      int64_t launches = 0;
+      for (int32_t r = 0; r < ranks; ++r) {
+        us = std::max(us, row[r].us[which]);
+        graph_us = std::max(graph_us, row[r].graph_us[which]);
+        launches = std::max(launches, row[r].launches[which]);
+      }
+      const Rates rates = layer_rates(work, us, emulated);
+      const double speedup = baseline_us / us;
+      const double graph_speedup = baseline_us / graph_us;
+      const double roofline = floors.largest_us() / us;
+      std::printf("%11d %-8s %3lld | %9.1f %9.1f %8.1f %9.0f %9s | %9.1f | %11s | %7s %7s | %8.3f %8s %-7s | %9s\n",
+                  tokens, std::string(to_string(schedule)).c_str(), static_cast<long long>(launches), us, graph_us,
+                  rates.tflops, rates.hbm_gbps, format(rates.nvlink_gbps, "%.0f").c_str(), gemm_only_us,
+                  format(baseline_us, "%.1f").c_str(), format(speedup, "%.2fx").c_str(),
+                  format(graph_speedup, "%.2fx").c_str(), roofline, format(baseline_roofline, "%.3f").c_str(),
+                  limiting_floor(floors), format(y_error, "%.2e").c_str());
+      report.rows.push_back({{"recipe", std::string(to_string(problem.recipe))},
+                             {"preset", std::string(options.preset->name)},
+                             {"ranks", static_cast<long long>(ranks)},
+                             {"tokens_per_rank", static_cast<long long>(tokens)},
+                             {"schedule", std::string(to_string(schedule))},
+                             {"launches_per_call", static_cast<long long>(launches)},
+                             {"buffer_bytes", static_cast<long long>(buffer_bytes)},
+                             {"mode", std::string(emulated ? "emulated" : "processes")},
+                             {"routing", std::string(to_string(options.routing))},
+                             {"us", us},
+                             {"graph_us", graph_us},
+                             {"gemm_only_us", gemm_only_us},
+                             {"graph_vs_gemm_only", graph_us / gemm_only_us},
+                             {"tflops", rates.tflops},
+                             {"hbm_gbps", rates.hbm_gbps},
+                             {"nvlink_gbps", rates.nvlink_gbps},
+                             {"baseline_available", static_cast<long long>(with_baseline ? 1 : 0)},
+                             {"baseline_us", baseline_us},
+                             {"baseline_tflops", baseline.tflops},
+                             {"baseline_hbm_gbps", baseline.hbm_gbps},
+                             {"baseline_nvlink_gbps", baseline.nvlink_gbps},
+                             {"speedup", speedup},
+                             {"graph_speedup", graph_speedup},
+                             {"roofline_fraction", roofline},
+                             {"graph_roofline_fraction", floors.largest_us() / graph_us},
+                             {"baseline_roofline_fraction", baseline_roofline},
+                             {"floor_compute_us", floors.compute_us},
+                             {"floor_hbm_us", floors.hbm_us},
+                             {"floor_nvlink_us", floors.nvlink_us},
+                             {"flops", flops},
+                             {"hbm_bytes", hbm_bytes},
+                             {"nvlink_bytes", link_bytes},
+                             {"routes", static_cast<long long>(routes)},
+                             {"repeats", static_cast<long long>(options.repeats)},
+                             {"baseline_y_error", y_error},
+                             {"baseline_check_error", check_error}});
+    }
   }
   std::printf(
       "us: the slowest rank's median of eager calls; graph us: the same call captured once in a CUDA graph "
-      "and replayed (the baseline cannot be captured: it waits on the host for the counts); the eager, graph "
-      "and baseline calls take turns in rotating order, so they run at the same clocks; rates and roofline "
+      "and replayed (the baseline cannot be captured: it waits on the host for the counts); kn: kernels per "
+      "call (in the graph); GEMMs us: the staged call's L1 and L2 launches alone on the same rows; every "
+      "schedule's eager and graph calls, the GEMMs and the baseline take turns in rotating order, so they "
+      "run at the same clocks; rates and roofline "
       "use us; rates per GPU; roofline = the largest floor (compute, HBM, NVLink at "
       "this run's ceilings) / us; bound: that floor; y diff: the baseline's y against the fused layer's "
       "(normalized)%s\n",

@@ -25,6 +25,7 @@ struct BenchOptions {
   Routing routing = Routing::uniform;
   uint64_t seed = 1;
   int32_t repeats = 10;
+  std::vector<Schedule> schedules = {Schedule::staged, Schedule::fused};  // each timed, in the same rounds
   std::string out;      // the JSON results file
   std::string command;  // the command line, for the report
 };

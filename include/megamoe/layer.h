@@ -70,4 +70,10 @@ void bf16_mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWei
 void mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
               cudaStream_t stream, const TensorView& recv_stats = {}, const CallOptions& options = {});
 
+namespace detail {
+// The staged call's L1 and L2 launches alone, on the rows the previous call with the same inputs
+// left in the buffer: the GEMM-only time of a call, for benchmarks (megamoe bench's gemm_only_us).
+void expert_gemms(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, cudaStream_t stream);
+}  // namespace detail
+
 }  // namespace megamoe

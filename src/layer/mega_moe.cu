@@ -170,20 +170,9 @@ struct CallPlan {
   }
 };
 
-// The staged schedule: send_routes -> pull -> L1 (routed, shared) -> L2 (routed to the source ranks'
-// slots, shared to our own) -> rank barrier -> combine.
-void run_staged(SymmBuffer& buffer, const CallPlan& c, const LayerWeights& w, cudaStream_t stream) {
+// The staged schedule's L1 and L2 launches (routed, and shared experts).
+void run_expert_gemms(const CallPlan& c, const LayerWeights& w, cudaStream_t stream) {
   const Problem& p = c.p;
-  const BufferLayout& l = c.l;
-  const auto launch = [&](const char* what, auto kernel, int blocks, int threads, size_t smem_bytes,
-                          const auto&... args) {
-    cuda_ok(launch_kernel(kernel, blocks, threads, smem_bytes, stream, c.overlap, args...), what);
-  };
-  const size_t count_smem = sizeof(uint32_t) * p.num_experts;
-  launch("send_routes launch", dispatch::send_routes, c.grid, kDispatchThreads, count_smem, c.dispatch, c.staged);
-  const size_t pull_smem = sizeof(uint32_t) * (size_t{l.experts_per_rank} * p.num_ranks + 1);
-  launch("pull launch", dispatch::pull, c.grid, kPullThreads, pull_smem, c.dispatch);
-
   // The shared experts run as a second job of the routed experts' launches, in the routed tile
   // shape, when that shape suits them too: the same shape, or at most 8 token tiles per weight tile.
   // One persistent grid then balances both, which matters most when few tokens leave SMs idle
@@ -205,7 +194,23 @@ void run_staged(SymmBuffer& buffer, const CallPlan& c, const LayerWeights& w, cu
       {c.shared ? c.operands(w, false, true, shared_tile) : gemm::GemmOperands{}, c.slot_destination(true)}};
   gemm::grouped_gemm_store(std::span<const gemm::StoreJob>(l2_jobs, num_jobs), c.grid, stream);
   if (c.shared && !merged) gemm::grouped_gemm_store(std::span<const gemm::StoreJob>(l2_jobs + 1, 1), c.grid, stream);
+}
 
+// The staged schedule: send_routes -> pull -> L1 (routed, shared) -> L2 (routed to the source ranks'
+// slots, shared to our own) -> rank barrier -> combine.
+void run_staged(SymmBuffer& buffer, const CallPlan& c, const LayerWeights& w, cudaStream_t stream) {
+  const Problem& p = c.p;
+  const BufferLayout& l = c.l;
+  const auto launch = [&](const char* what, auto kernel, int blocks, int threads, size_t smem_bytes,
+                          const auto&... args) {
+    cuda_ok(launch_kernel(kernel, blocks, threads, smem_bytes, stream, c.overlap, args...), what);
+  };
+  const size_t count_smem = sizeof(uint32_t) * p.num_experts;
+  launch("send_routes launch", dispatch::send_routes, c.grid, kDispatchThreads, count_smem, c.dispatch, c.staged);
+  const size_t pull_smem = sizeof(uint32_t) * (size_t{l.experts_per_rank} * p.num_ranks + 1);
+  launch("pull launch", dispatch::pull, c.grid, kPullThreads, pull_smem, c.dispatch);
+
+  run_expert_gemms(c, w, stream);
   // Every rank's L2 results have landed in our combine slots once all ranks pass this barrier.
   launch_rank_barrier(buffer, stream);
   if (c.tokens > 0) launch("combine launch", combine::combine_kernel, c.grid, kCombineThreads, 0, c.combine);
@@ -249,6 +254,14 @@ void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w,
 }
 
 }  // namespace
+
+void detail::expert_gemms(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights,
+                          cudaStream_t stream) {
+  const Problem& p = buffer.problem();
+  const TensorView y = TensorView::contiguous(nullptr, DType::bf16, {inputs.num_tokens, p.hidden}, Device::cuda);
+  check_weights(p, weights);
+  run_expert_gemms(CallPlan(buffer, inputs, y, {}), weights, stream);
+}
 
 LayerInputs buffer_input_views(const SymmBuffer& buffer, int32_t num_tokens, const TensorView& topk_idx) {
   const Problem& p = buffer.problem();
