@@ -12,6 +12,7 @@
 #include "kernels/dispatch/dispatch.cuh"
 #include "kernels/gemm/gemm.h"
 #include "kernels/overlapped_launch.cuh"
+#include "megamoe/activation.h"
 #include "megamoe/error.h"
 #include "megamoe/layer.h"
 
@@ -113,6 +114,7 @@ void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w,
   char* local = buffer.local();
   check_inputs(p, in, y, recv_stats);
   check_weights(p, w);
+  const float clamp = kernel_activation_clamp(in.activation_clamp, "inputs.activation_clamp");
   const int grid = std::max(1, buffer.comm().sm_budget());
   // Each kernel is launched while the one before it runs (kernels/overlapped_launch.cuh).
   const bool overlap = overlap_launches(buffer.comm());
@@ -159,11 +161,11 @@ void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w,
   const gemm::SwigluJob l1_jobs[2] = {
       {operands(true, false),
        gemm::SwigluOutput{local + l.l2_pool.offset, scaled ? BufferLayout::at<float>(local, l.l2_pool_scales) : nullptr,
-                          BufferLayout::at<float>(local, l.pool_weight), l.pool_rows}},
+                          BufferLayout::at<float>(local, l.pool_weight), l.pool_rows, clamp}},
       {shared ? operands(true, true) : gemm::GemmOperands{},
        gemm::SwigluOutput{local + l.shared_l2.offset,
                           scaled ? BufferLayout::at<float>(local, l.shared_l2_scales) : nullptr, nullptr,
-                          l.max_tokens}}};
+                          l.max_tokens, clamp}}};
   gemm::grouped_gemm_swiglu(std::span<const gemm::SwigluJob>(l1_jobs, num_jobs), grid, stream);
   if (shared && !merged) gemm::grouped_gemm_swiglu(std::span<const gemm::SwigluJob>(l1_jobs + 1, 1), grid, stream);
   const gemm::RoutedDestination routed{view, l.combine.offset, BufferLayout::at<PoolSource>(local, l.pool_source),
