@@ -8,6 +8,11 @@ command -v ninja >/dev/null || missing+=(ninja-build)
 command -v g++ >/dev/null || missing+=(g++)
 command -v spin >/dev/null || missing+=(spin)
 [ -f /usr/include/gtest/gtest.h ] || missing+=(libgtest-dev)
+# The Python package (tools/python_test.sh): python3 with venv and its headers.
+command -v python3 >/dev/null || missing+=(python3)
+python3 -c "import ensurepip, venv" 2>/dev/null || missing+=(python3-venv)
+python3 -c "import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h'))" \
+  2>/dev/null || missing+=(python3-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   if [ "$(id -u)" -eq 0 ]; then
