@@ -749,6 +749,8 @@ NB_MODULE(_megamoe, m) {
   m.attr("library_version") = kLibraryVersion;
   m.attr("max_ranks") = kMaxRanks;
   m.attr("max_top_k") = kMaxTopK;
+  // Buffers and communicators left to process exit are intended (freeing them is collective).
+  nb::set_leak_warnings(false);
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
