@@ -243,9 +243,10 @@ def _ue8m0_codes(sf: torch.Tensor, shape, name: str) -> torch.Tensor:
         codes = sf.contiguous().view(torch.uint8)
     elif sf.dtype == torch.float32:
         bits = sf.contiguous().view(torch.int32)
-        if bool(((bits & 0x807FFFFF) != 0).any()) or bool((bits == 0).any()):
-            raise ValueError(f"{name}: float32 MXFP4 scales must be positive powers of two")
-        codes = ((bits >> 23) & 0xFF).to(torch.uint8)
+        exponent = (bits >> 23) & 0xFF
+        if bool(((bits < 0) | ((bits & 0x7FFFFF) != 0) | (exponent == 0) | (exponent == 0xFF)).any()):
+            raise ValueError(f"{name}: float32 MXFP4 scales must be positive, finite powers of two (normal floats)")
+        codes = exponent.to(torch.uint8)
     else:
         raise ValueError(f"{name}: MXFP4 scales must be uint8 (UE8M0), float8_e8m0fnu, float32 powers of two or "
                          f"packed int32, got {sf.dtype}")
@@ -304,6 +305,8 @@ def _transform_linear(recipe: str, linear: int, weights, name: str) -> MegaMoeWe
             scales = sf.repeat_interleave(2, dim=1)
         out.tensors = {"w": codes.contiguous().view(_E4M3), "scales": scales.contiguous()}
     elif recipe == "fp8_fp4":
+        if w.dtype not in (torch.int8, torch.uint8) and w.dtype != getattr(torch, "float4_e2m1fn_x2", None):
+            raise ValueError(f"{name}: fp8_fp4 weights must be packed E2M1 pairs (int8 or uint8), got {w.dtype}")
         codes = w.view(torch.uint8)
         mx = _ue8m0_codes(sf, (e, rows, cols // 32), name)
         if linear == 1:

@@ -257,16 +257,6 @@ std::shared_ptr<PyLayerWeights> make_layer_weights(const std::string& recipe_nam
   for (auto [key, value] : tensors) {
     const std::string name = nb::cast<std::string>(key);
     if (value.is_none()) continue;
-    const Array array = nb::cast<Array>(value);
-    const bool is_scales = name.size() > 7 && name.compare(name.size() - 7, 7, "_scales") == 0;
-    const bool is_shifts = name.size() > 7 && name.compare(name.size() - 7, 7, "_shifts") == 0;
-    const DType want = is_scales ? DType::f32 : is_shifts ? DType::u8 : codes;
-    const TensorView view = to_view(array, name, want);
-    require(view.device == Device::cuda, name.c_str(), "must be a CUDA tensor");
-    if (first) out->device = array.device_id();
-    require(array.device_id() == out->device, name.c_str(), "must be on the same device as the other weights (cuda:",
-            out->device, "), got cuda:", array.device_id());
-    first = false;
     LayerWeights& w = out->view;
     TensorView* slot = name == "w1"                 ? &w.w1
                        : name == "w1_scales"        ? &w.w1_scales
@@ -282,6 +272,16 @@ std::shared_ptr<PyLayerWeights> make_layer_weights(const std::string& recipe_nam
                        : name == "shared_w2_shifts" ? &w.shared_w2_shifts
                                                     : nullptr;
     require(slot != nullptr, name.c_str(), "is not a weight tensor (w1, w1_scales, w1_shifts, w2, ..., shared_w2_shifts)");
+    const Array array = nb::cast<Array>(value);
+    const bool is_scales = name.size() > 7 && name.compare(name.size() - 7, 7, "_scales") == 0;
+    const bool is_shifts = name.size() > 7 && name.compare(name.size() - 7, 7, "_shifts") == 0;
+    const DType want = is_scales ? DType::f32 : is_shifts ? DType::u8 : codes;
+    const TensorView view = to_view(array, name, want);
+    require(view.device == Device::cuda, name.c_str(), "must be a CUDA tensor");
+    if (first) out->device = array.device_id();
+    require(array.device_id() == out->device, name.c_str(), "must be on the same device as the other weights (cuda:",
+            out->device, "), got cuda:", array.device_id());
+    first = false;
     *slot = view;
     out->keep.push_back(nb::borrow(value));
   }

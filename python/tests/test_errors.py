@@ -123,3 +123,34 @@ def test_transform_and_quantize_errors():
         ref.quantize_weights("fp8", w1, np.zeros((128, 128), np.float32))
     with pytest.raises(ValueError, match="intermediate"):
         _megamoe.l1_canonical_rows(100)
+
+
+def test_device_failures_raise_runtime_error():
+    """A CUDA call that fails (here: no GPU) is a RuntimeError, not an argument error."""
+    group = _megamoe.EmulatedGroup(2)
+    try:
+        group.communicator(0, 0)
+    except RuntimeError as error:
+        assert "cuda" in str(error).lower()
+    else:
+        pytest.skip("a GPU is present: nothing fails")
+
+
+def test_extension_argument_errors():
+    with pytest.raises(ValueError, match="unique_id: must be 128 bytes"):
+        _megamoe.nccl_communicator(b"x", 1, 0, 0)
+    with pytest.raises(ValueError, match="rank: must be in"):
+        _megamoe.nccl_communicator(bytes(128), 2, 2, 0)
+    with pytest.raises(ValueError, match="num_ranks"):
+        _megamoe.EmulatedGroup(0)
+    with pytest.raises(ValueError, match="w1: must be a CUDA tensor"):
+        _megamoe.layer_weights("fp8", {"w1": np.zeros((1, 256, 256), np.uint8)})
+    with pytest.raises(ValueError, match="w9: is not a weight tensor"):
+        _megamoe.layer_weights("fp8", {"w9": np.zeros((1, 256, 256), np.uint8)})
+    with pytest.raises(ValueError, match="w1_scales: must have dtype f32"):
+        _megamoe.layer_weights("fp8", {"w1_scales": np.zeros((1, 4, 2), np.float64)})
+    with pytest.raises(ValueError, match="recipe"):
+        _megamoe.layer_weights("int8", {})
+    with pytest.raises(ValueError, match="x: must be a CUDA tensor"):
+        _megamoe.convert_mx_activations(np.zeros((2, 128), np.uint8), np.zeros((2, 4), np.uint8),
+                                        np.zeros((2, 128), np.uint8), np.zeros((2, 1), np.float32), 0)
