@@ -256,6 +256,7 @@ def _ue8m0_codes(sf: torch.Tensor, shape, name: str) -> torch.Tensor:
 
 
 def _as_experts(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()  # parameters: the layer only reads them
     return t.unsqueeze(0) if t.dim() == 2 else t
 
 
@@ -279,6 +280,8 @@ def _transform_linear(recipe: str, linear: int, weights, name: str) -> MegaMoeWe
     else:
         if not (isinstance(weights, (tuple, list)) and len(weights) == 2):
             raise ValueError(f"{name}: {recipe} weights must be a (weights, scales) pair")
+        if not all(isinstance(t, torch.Tensor) for t in weights):
+            raise ValueError(f"{name}: {recipe} weights must be a pair of torch tensors (weights, scales)")
         w, sf = _as_experts(weights[0]), _as_experts(weights[1])
     if w.dim() != 3 or not w.is_cuda:
         raise ValueError(f"{name}: must be a CUDA tensor [experts, rows, cols], got {list(w.shape)} on {w.device}")
@@ -324,6 +327,7 @@ def _transform_linear(recipe: str, linear: int, weights, name: str) -> MegaMoeWe
     return out
 
 
+@torch.no_grad()
 def transform_weights_for_mega_moe(l1_weights, l2_weights, activation: str = "swiglu", *,
                                    recipe: Optional[str] = None) -> Tuple[MegaMoeWeights, MegaMoeWeights]:
     """Canonical weights of this rank's experts (or of the shared experts) -> the kernels' layout, on their
