@@ -220,7 +220,7 @@ def get_symm_buffer_for_mega_moe(group, num_experts: int, num_max_tokens_per_ran
 # ---- Weights -------------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)
 class MegaMoeWeights:
     """One linear's weights for all of a rank's experts (or for the shared experts), in the layout the
     kernels read. Made by :func:`transform_weights_for_mega_moe`; pass it to the calls as it is."""
@@ -355,9 +355,10 @@ def transform_weights_for_mega_moe(l1_weights, l2_weights, activation: str = "sw
 
 
 def _layer_weights(buffer: Buffer, l1, l2, shared_l1, shared_l2):
-    key = (id(l1), id(l2), id(shared_l1), id(shared_l2))
+    parts = (l1, l2, shared_l1, shared_l2)
+    key = tuple(id(part) for part in parts)
     cached = buffer._weights_cache.get(key)
-    if cached is not None and cached[0] == (l1, l2, shared_l1, shared_l2):
+    if cached is not None and all(a is b for a, b in zip(cached[0], parts)):
         return cached[1]
     tensors = {}
     for prefix, part, name in (("", l1, "l1_weights"), ("", l2, "l2_weights"), ("shared_", shared_l1, "shared_l1_weights"),
