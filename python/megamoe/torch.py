@@ -150,7 +150,7 @@ class Buffer:
         self.topk_weights = region("topk_weights")
         if activation_scales == "mx":
             # Staging tensors the caller writes; each call converts them into the symmetric regions.
-            self.x = torch.zeros_like(self._x)
+            self.x = torch.zeros(tuple(self._x.shape), dtype=torch.uint8, device=self.device).view(_E4M3)
             self.x_sf = torch.zeros((p.max_tokens_per_rank, p.hidden // 128), dtype=torch.int32, device=self.device)
             self._core.set_mx_staging(self.x.view(torch.uint8), self.x_sf.view(torch.uint8))
         else:
