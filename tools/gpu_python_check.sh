@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--wheels" ]; then
   echo "python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\"
   echo "  --platform manylinux_2_28_x86_64 -d .whl nanobind==3.1.0 scikit-build-core==1.1.2 packaging==26.4 \\"
-  echo "  pathspec==1.1.1 pytest==9.2.0 iniconfig==2.3.1 pluggy==1.7.0 pygments==2.21.0 numpy==2.5.5"
+  echo "  pathspec==1.1.1 pytest==9.2.0 iniconfig==2.3.1 pluggy==1.7.0 pygments==2.21.0 numpy==2.5.5 pip==25.3"
   exit 0
 fi
 phases=" ${*:-build test examples} "
@@ -62,8 +62,12 @@ cat "$OUT/env.txt"
 #    then pip install . (the library and the extension only) in the build tree build-gpu-python.
 export NCCL_ROOT="$("$BASE_PY" -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null || echo /usr/local/cuda)"
 setup() {
-  rm -rf "$VENV" && "$BASE_PY" -m venv --system-site-packages "$VENV" &&
-    "$PY" -m pip install -q --no-index --find-links .whl nanobind scikit-build-core packaging pathspec pytest \
+  rm -rf "$VENV"
+  # ensurepip may be missing from the base Python: then pip comes from its carried wheel.
+  "$BASE_PY" -m venv --system-site-packages "$VENV" ||
+    { rm -rf "$VENV" && "$BASE_PY" -m venv --system-site-packages --without-pip "$VENV" &&
+      "$PY" "$(ls .whl/pip-*.whl | head -1)/pip" install -q --no-index .whl/pip-*.whl; } || return 1
+  "$PY" -m pip install -q --no-index --find-links .whl nanobind scikit-build-core packaging pathspec pytest \
       iniconfig pluggy pygments &&
     { "$PY" -c "import numpy" 2>/dev/null || "$PY" -m pip install -q --no-index --find-links .whl numpy; }
 }
