@@ -19,6 +19,10 @@ if ((tests)); then
   command -v spin >/dev/null || missing+=(spin)
   command -v python3 >/dev/null || missing+=(python3)
   python3 -c "import numpy" 2>/dev/null || missing+=(python3-numpy)
+  # The Python package (tools/python_test.sh): python3 with venv and its headers.
+  python3 -c "import ensurepip, venv" 2>/dev/null || missing+=(python3-venv)
+  python3 -c "import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h'))" \
+    2>/dev/null || missing+=(python3-dev)
 fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"

@@ -9,3 +9,5 @@ export PATH="/usr/local/cuda/bin:$PATH"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$(nproc)"
 ctest --test-dir build --output-on-failure -j"$(nproc)" -LE model_full
+# The Python package (pip install . on this build tree, pytest) and the installed CMake package.
+bash tools/python_test.sh

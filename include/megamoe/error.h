@@ -13,6 +13,14 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
+// An Error of the device or its runtime rather than of an argument: a CUDA or NCCL call that failed,
+// or what the kernels recorded (SymmBuffer::check_device_error). The Python extension raises these as
+// RuntimeError and every other Error as ValueError.
+class DeviceFailure : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 template <typename... Parts>
 std::string concat(Parts&&... parts) {

@@ -18,6 +18,9 @@ struct LayerInputs {
   TensorView x_scales;      // [num_tokens, hidden / 128] f32 (fp8 and fp8_fp4 recipes)
   TensorView topk_idx;      // [num_tokens, top_k] i32: global expert ids, -1 = masked route
   TensorView topk_weights;  // [num_tokens, top_k] f32
+  // Before SwiGLU, gate = min(gate, c) and up = clamp(up, -c, c) (megamoe/activation.h), routed and
+  // shared experts alike. 0 or +infinity: no clamp; negative or NaN is an argument error.
+  float activation_clamp = 0.0f;
 };
 
 // This rank's expert weights in the transformed layout (weights.h), in device memory.

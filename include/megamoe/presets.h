@@ -21,6 +21,7 @@ struct Preset {
   int32_t default_tokens = 1;  // per rank
   Recipe recipe = Recipe::fp8;
   std::string_view note;  // where the shape departs from the model, or what it leaves out
+  float activation_clamp = 0.0f;  // the model's clamp before SwiGLU (activation.h); 0: none
 };
 
 const std::vector<Preset>& all_presets();

@@ -4,7 +4,8 @@
 //
 // Per routed (token, k) with expert e = topk_idx[token][k] >= 0 and weight w = topk_weights[token][k]:
 //   h      = W1[e] . x                      FP32 accumulation over dequantized x and W1
-//   a[c]   = SiLU(h_gate[c]) * h_up[c] * w  for c < I
+//   a[c]   = SiLU(h_gate[c]) * h_up[c] * w  for c < I, after the optional activation clamp
+//            (activation.h: h_gate <= c, |h_up| <= c; routed and shared experts alike)
 //   a'     = fp8: E4M3 with one FP32 scale per 1x128 channels (Fp8BlockQuantizer); bf16: BF16
 //   o      = BF16(W2[e] . a')               written to combine slot k of the token
 // Shared experts (concatenated into one MLP of S*I channels, route weight 1) write slot top_k.
@@ -56,6 +57,9 @@ struct ReferenceOptions {
   // When set, only these tokens' outputs are computed, per rank (a GPU run checked on a sample);
   // the outputs of other tokens are left as 0 and the receive counts are still exact.
   const std::vector<std::vector<int32_t>>* token_subset = nullptr;
+  // Before SwiGLU, as LayerInputs::activation_clamp: 0 or +infinity is no clamp; negative or NaN is
+  // an argument error.
+  float activation_clamp = 0.0f;
 };
 
 // `problem.rank` is ignored: all ranks are computed. batches.size() must equal num_ranks.

@@ -10,7 +10,7 @@ namespace megamoe::comm_detail {
 void throw_cuda_error(cudaError_t status, const char* call) {
   // Clear a non-sticky error so that later, unrelated checks do not report it again.
   cudaGetLastError();
-  throw Error(detail::concat(call, " failed: ", cudaGetErrorName(status), ": ", cudaGetErrorString(status)));
+  throw DeviceFailure(detail::concat(call, " failed: ", cudaGetErrorName(status), ": ", cudaGetErrorString(status)));
 }
 
 void check_nccl(ncclResult_t status, const char* call, ncclComm_t comm) {
@@ -26,7 +26,7 @@ void check_nccl(ncclResult_t status, const char* call, ncclComm_t comm) {
     const char* last = ncclGetLastError(comm);
     if (last != nullptr && last[0] != '\0') message += detail::concat(" (", last, ")");
   }
-  throw Error(message);
+  throw DeviceFailure(message);
 }
 
 }  // namespace megamoe::comm_detail

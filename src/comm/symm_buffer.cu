@@ -215,7 +215,7 @@ void SymmBuffer::check_device_error(cudaStream_t stream) {
                                      layout_.control.bytes - sizeof(ControlBlock), stream));
   MEGAMOE_CHECK_CUDA(cudaMemsetAsync(view_.local() + layout_.gemm_split.offset, 0, layout_.gemm_split.bytes, stream));
   MEGAMOE_CHECK_CUDA(cudaStreamSynchronize(stream));
-  throw Error(describe(error));
+  throw DeviceFailure(describe(error));
 }
 
 }  // namespace megamoe

@@ -13,6 +13,7 @@
 #include "kernels/fused/fused.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/overlapped_launch.cuh"
+#include "megamoe/activation.h"
 #include "megamoe/error.h"
 #include "megamoe/layer.h"
 
@@ -123,6 +124,7 @@ struct CallPlan {
   bool shared;  // shared experts with tokens to run
   bool overlap;  // each kernel launched while the one before it runs (kernels/overlapped_launch.cuh)
   int grid;
+  float clamp;  // before SwiGLU (megamoe/activation.h)
 
   CallPlan(SymmBuffer& buffer, const LayerInputs& in, const TensorView& y, const TensorView& recv_stats)
       : p(buffer.problem()), l(buffer.layout()), local(buffer.local()), view(buffer.view()) {
@@ -140,6 +142,7 @@ struct CallPlan {
     shared = p.num_shared_experts > 0 && in.num_tokens > 0;
     overlap = overlap_launches(buffer.comm());
     grid = std::max(1, buffer.comm().sm_budget());
+    clamp = kernel_activation_clamp(in.activation_clamp, "inputs.activation_clamp");
   }
 
   gemm::GemmOperands operands(const LayerWeights& w, bool first_linear, bool is_shared, gemm::TileShape tile) const {
@@ -155,9 +158,9 @@ struct CallPlan {
     const bool scaled = p.recipe != Recipe::bf16;  // E4M3 activations with 1x128 scales
     if (is_shared)
       return {local + l.shared_l2.offset, scaled ? BufferLayout::at<float>(local, l.shared_l2_scales) : nullptr,
-              nullptr, l.max_tokens};
+              nullptr, l.max_tokens, clamp};
     return {local + l.l2_pool.offset, scaled ? BufferLayout::at<float>(local, l.l2_pool_scales) : nullptr,
-            BufferLayout::at<float>(local, l.pool_weight), l.pool_rows};
+            BufferLayout::at<float>(local, l.pool_weight), l.pool_rows, clamp};
   }
   gemm::SlotDestination slot_destination(bool is_shared) const {
     if (is_shared)

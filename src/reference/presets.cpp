@@ -20,6 +20,18 @@ const std::vector<Preset>& all_presets() {
        "synthetic weights fill all 2944. MXFP4 weights as the model ships them; its clamped SwiGLU and expert "
        "biases are not modeled"},
       {"mixtral-8x7b", 8, 2, 4096, 14336, 0, 8, 128, Recipe::bf16, "Mixtral-8x7B MoE layer in BF16"},
+      {"deepseek-v4-flash", 256, 6, 4096, 2048, 1, 8, 128, Recipe::fp8_fp4,
+       "DeepSeek-V4-Flash MoE layer (public config: n_routed_experts 256, num_experts_per_tok 6, hidden_size 4096, "
+       "moe_intermediate_size 2048, n_shared_experts 1, swiglu_limit 10): MXFP4 routed experts, activation clamp "
+       "10. The model's shared expert is block-FP8; here it runs in the routed experts' recipe. Its router "
+       "(sqrtsoftplus scores, hash routing in the first layers) is replaced by synthetic routing",
+       10.0f},
+      {"deepseek-v4-pro", 384, 6, 7168, 3072, 1, 8, 128, Recipe::fp8_fp4,
+       "DeepSeek-V4-Pro MoE layer (public config: n_routed_experts 384, num_experts_per_tok 6, hidden_size 7168, "
+       "moe_intermediate_size 3072, n_shared_experts 1, swiglu_limit 10): MXFP4 routed experts, activation clamp "
+       "10. The model's shared expert is block-FP8; here it runs in the routed experts' recipe. Its router is "
+       "replaced by synthetic routing",
+       10.0f},
   };
   return presets;
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "megamoe/activation.h"
 #include "megamoe/error.h"
 #include "megamoe/formats.h"
 #include "reference/stored_rows.h"
@@ -96,7 +97,7 @@ void requantize(Recipe recipe, float* values, size_t count) {
 // Runs `routes` through one expert, a tile of routes at a time: each weight row is dequantized once
 // per tile and used for all of the tile's routes while it is in cache.
 void compute_routes(const Problem& p, const std::vector<RankBatch>& batches, const StoredExpert& expert,
-                    const std::vector<Route>& routes, std::vector<SlotStore>& stores) {
+                    const std::vector<Route>& routes, float clamp, std::vector<SlotStore>& stores) {
   constexpr size_t kTile = 16;
   const StoredRows w1(expert, p.recipe, 1);
   const StoredRows w2(expert, p.recipe, 2);
@@ -119,7 +120,8 @@ void compute_routes(const Problem& p, const std::vector<RankBatch>& batches, con
       const float* gate = h.data() + t * 2 * inter;
       const float* up = gate + inter;
       float* act = a.data() + t * inter;
-      for (size_t c = 0; c < inter; ++c) act[c] = silu(gate[c]) * up[c] * tile[t].weight;
+      for (size_t c = 0; c < inter; ++c)
+        act[c] = silu(clamp_gate(gate[c], clamp)) * clamp_up(up[c], clamp) * tile[t].weight;
       requantize(p.recipe, act, inter);
     }
     // L2: o = W2 . a', rounded to BF16 into the route's combine slot.
@@ -141,7 +143,7 @@ void compute_routes(const Problem& p, const std::vector<RankBatch>& batches, con
 // Fetches the item's expert (one per worker at a time, kept in its stored format), then runs its
 // routes.
 void run_item(const Problem& p, const std::vector<RankBatch>& batches, const WeightSource& weights,
-              const WorkItem& item, std::vector<SlotStore>& stores) {
+              const WorkItem& item, float clamp, std::vector<SlotStore>& stores) {
   StoredExpert stored;
   std::string name;
   int32_t expected_intermediate = p.intermediate;
@@ -160,7 +162,7 @@ void run_item(const Problem& p, const std::vector<RankBatch>& batches, const Wei
           stored.hidden);
   require(stored.intermediate == expected_intermediate, (name + ".intermediate").c_str(), "must be ",
           expected_intermediate, ", got ", stored.intermediate);
-  compute_routes(p, batches, stored, item.routes, stores);
+  compute_routes(p, batches, stored, item.routes, clamp, stores);
 }
 
 // Runs the items on `threads` workers; the calling thread reports progress.
@@ -168,6 +170,7 @@ void run_items(const Problem& p, const std::vector<RankBatch>& batches, const We
                const std::vector<WorkItem>& items, std::vector<SlotStore>& stores, const ReferenceOptions& options) {
   const int64_t total = static_cast<int64_t>(items.size());
   if (total == 0) return;
+  const float clamp = kernel_activation_clamp(options.activation_clamp, "options.activation_clamp");
   int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
   threads = std::clamp<int64_t>(threads, 1, total);
 
@@ -184,7 +187,7 @@ void run_items(const Problem& p, const std::vector<RankBatch>& batches, const We
       const size_t index = next_item.fetch_add(1);
       if (index >= items.size()) break;
       try {
-        run_item(p, batches, weights, items[index], stores);
+        run_item(p, batches, weights, items[index], clamp, stores);
       } catch (...) {
         std::lock_guard<std::mutex> lock(mutex);
         if (!error) error = std::current_exception();
@@ -292,6 +295,7 @@ ReferenceResult reference_moe(const Problem& problem, const std::vector<RankBatc
           "), got ", batches.size());
   for (int32_t r = 0; r < num_ranks; ++r) validate_batch(problem, batches[static_cast<size_t>(r)], r);
   require(options.threads >= 0, "options.threads", "must not be negative, got ", options.threads);
+  kernel_activation_clamp(options.activation_clamp, "options.activation_clamp");
   if (options.token_subset != nullptr) {
     require(options.token_subset->size() == static_cast<size_t>(num_ranks), "options.token_subset",
             "must hold one list per rank (", num_ranks, "), got ", options.token_subset->size());

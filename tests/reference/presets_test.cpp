@@ -9,7 +9,7 @@ namespace megamoe {
 namespace {
 
 TEST(Presets, EveryPresetIsAValidProblem) {
-  ASSERT_EQ(all_presets().size(), 5u);
+  ASSERT_EQ(all_presets().size(), 7u);
   for (const Preset& preset : all_presets()) {
     EXPECT_NO_THROW(validate(preset_problem(preset, preset.default_ranks, preset.default_tokens))) << preset.name;
     EXPECT_FALSE(preset.note.empty()) << preset.name;
@@ -34,6 +34,20 @@ TEST(Presets, ShapesOfTheModels) {
   EXPECT_NE(std::string(gpt.note).find("2880"), std::string::npos);
   EXPECT_EQ(find_preset("mixtral-8x7b").recipe, Recipe::bf16);
   EXPECT_EQ(find_preset("qwen3-235b-a22b").num_shared_experts, 0);
+  EXPECT_EQ(deepseek.activation_clamp, 0.0f);
+  for (const char* name : {"deepseek-v4-flash", "deepseek-v4-pro"}) {
+    const Preset& v4 = find_preset(name);
+    EXPECT_EQ(v4.top_k, 6) << name;
+    EXPECT_EQ(v4.num_shared_experts, 1) << name;
+    EXPECT_EQ(v4.recipe, Recipe::fp8_fp4) << name;
+    EXPECT_EQ(v4.activation_clamp, 10.0f) << name;
+  }
+  EXPECT_EQ(find_preset("deepseek-v4-flash").num_experts, 256);
+  EXPECT_EQ(find_preset("deepseek-v4-flash").hidden, 4096);
+  EXPECT_EQ(find_preset("deepseek-v4-flash").intermediate, 2048);
+  EXPECT_EQ(find_preset("deepseek-v4-pro").num_experts, 384);
+  EXPECT_EQ(find_preset("deepseek-v4-pro").hidden, 7168);
+  EXPECT_EQ(find_preset("deepseek-v4-pro").intermediate, 3072);
 }
 
 TEST(Presets, PresetProblemCarriesTheShape) {

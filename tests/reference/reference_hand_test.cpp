@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
+#include <string>
 
+#include "megamoe/error.h"
 #include "megamoe/reference.h"
 #include "reference_test_util.h"
 
@@ -137,6 +140,52 @@ TEST(ReferenceHand, Bf16TopTwoRoundsEachStep) {
   //   y[3] = 1032/1024 - 1 = 0.0078125 (summing unrounded slots would give 5/1024 = 0.0048828125)
   expect_row(result, 2, {0, 0, 0, 0.0078125f});
   EXPECT_EQ(result.recv_counts, (std::vector<std::vector<uint32_t>>{{3, 3}}));
+}
+
+// The activation clamp c (activation.h): gate = min(gate, c), up = clamp(up, -c, c) before SwiGLU.
+// With c = 40 every value stays exact: SiLU(g) = g for g >= 32, and SiLU(40) = 40 in FP32 too.
+TEST(ReferenceHand, ActivationClampLimitsGateAndUp) {
+  const Problem p = hand_problem(1, Recipe::bf16);
+  const MemoryWeights weights = hand_bf16_weights();
+  RankBatch batch;
+  batch.num_tokens = 3;
+  batch.x = testing::bf16_bytes(hand_x({{1, 200, 0}, {1, -200, 0}, {1, -3, 0}}));
+  batch.topk_idx = {0, 0, 1};
+  batch.topk_weights = {1.0f, 1.0f, 0.5f};
+  ReferenceOptions options;
+  options.activation_clamp = 40.0f;
+  const ReferenceResult clamped = reference_moe(p, {batch}, weights, options);
+
+  // Token 0 -> expert 0, x = [1, 200, 0]: channel 0 has gate 32 (below c, unchanged) and up
+  //   0.25 * 200 = 50, clamped to 40: a0 = 32 * 40 = 1280 (1600 without the clamp).
+  //   o[0] = 0.5 * 1280 = 640, o[1] = -1280
+  expect_row(clamped, 0, {640, -1280});
+  // Token 1 -> expert 0, x = [1, -200, 0]: up = -50 is clamped from below to -40: a0 = -1280.
+  expect_row(clamped, 1, {-640, 1280});
+  // Token 2 -> expert 1, w = 0.5, x = [1, -3, 0]: channel 2 has gate 64, clamped to 40, and up
+  //   0.125 * -3 = -0.375 (inside [-40, 40]): a2 = 40 * -0.375 * 0.5 = -7.5 (-12 without the clamp);
+  //   channel 1's gate -128 stays -128 (the clamp only limits gates from above): closed.
+  //   o[0] = 1 * -7.5, o[2] = 0.25 * -7.5 = -1.875
+  expect_row(clamped, 2, {-7.5f, 0, -1.875f});
+
+  // 0 and +infinity mean no clamp.
+  for (float off : {0.0f, INFINITY}) {
+    options.activation_clamp = off;
+    const ReferenceResult unclamped = reference_moe(p, {batch}, weights, options);
+    expect_row(unclamped, 0, {800, -1600});
+    expect_row(unclamped, 1, {-800, 1600});
+    expect_row(unclamped, 2, {-12, 0, -3});
+  }
+  // A negative or NaN clamp is an argument error naming it.
+  for (float bad : {-1.0f, NAN}) {
+    options.activation_clamp = bad;
+    try {
+      reference_moe(p, {batch}, weights, options);
+      FAIL() << "expected megamoe::Error for clamp " << bad;
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("options.activation_clamp"), std::string::npos) << error.what();
+    }
+  }
 }
 
 // fp8: x is E4M3 with one FP32 scale per 1x128, W1 and W2 are E4M3 with 128x128 block scales, and the

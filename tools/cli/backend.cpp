@@ -35,6 +35,7 @@ BackendResult run_cpu_backend(const Problem& problem, const std::vector<RankBatc
   ReferenceOptions reference_options;
   reference_options.threads = options.threads;
   reference_options.progress = options.progress;
+  reference_options.activation_clamp = options.activation_clamp;
   return {reference_moe(problem, batches, weights, reference_options), "cpu"};
 }
 

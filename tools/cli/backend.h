@@ -23,6 +23,7 @@ struct BackendOptions {
   int threads = 0;  // CPU worker threads, 0 = all hardware threads
   // Called now and then from the calling thread with (units done, units to do).
   std::function<void(int64_t, int64_t)> progress;
+  float activation_clamp = 0.0f;  // the preset's clamp before SwiGLU (megamoe/activation.h); 0: none
 };
 
 struct BackendResult {

@@ -59,7 +59,7 @@ class SharedResults {
 };
 
 void run_rank(Communicator& comm, const Problem& problem, const std::vector<RankBatch>& batches, uint64_t seed,
-              const SharedResults& results) {
+              float activation_clamp, const SharedResults& results) {
   Problem p = problem;
   p.rank = comm.rank();
   const RankBatch& batch = batches[p.rank];
@@ -80,7 +80,9 @@ void run_rank(Communicator& comm, const Problem& problem, const std::vector<Rank
   comm.barrier();  // every rank has allocated before any rank launches
 
   auto call = [&](const TensorView& statistics) {
-    mega_moe(buffer, inputs.inputs(), weights->view(), y_view, stream, statistics);
+    LayerInputs layer_inputs = inputs.inputs();
+    layer_inputs.activation_clamp = activation_clamp;
+    mega_moe(buffer, layer_inputs, weights->view(), y_view, stream, statistics);
   };
   call({});  // warm-up: module loading, TMA descriptors
   cuda_ok(cudaMemsetAsync(stats, 0, p.experts_per_rank() * sizeof(int64_t), stream), "cudaMemsetAsync");
@@ -104,7 +106,7 @@ void run_rank(Communicator& comm, const Problem& problem, const std::vector<Rank
 
 // Compares kSampledTokens evenly spaced tokens of every rank with the CPU reference.
 void check_sample(const Problem& problem, const std::vector<RankBatch>& batches, const SyntheticWeights& weights,
-                  const ReferenceResult& gpu) {
+                  float activation_clamp, const ReferenceResult& gpu) {
   std::vector<std::vector<int32_t>> subset(batches.size());
   for (size_t r = 0; r < batches.size(); ++r) {
     const int32_t tokens = batches[r].num_tokens;
@@ -113,6 +115,7 @@ void check_sample(const Problem& problem, const std::vector<RankBatch>& batches,
   }
   ReferenceOptions options;
   options.token_subset = &subset;
+  options.activation_clamp = activation_clamp;
   const ReferenceResult reference = reference_moe(problem, batches, weights, options);
   double diff = 0, norm = 0;
   size_t checked = 0;
@@ -153,7 +156,7 @@ BackendResult run_gpu_backend(const Problem& problem, const std::vector<RankBatc
   if (options.progress) options.progress(0, 2);
   SharedResults results(problem, batches);
   const int failed = run_ranks(problem.num_ranks, mode, [&](Communicator& comm) {
-    run_rank(comm, problem, batches, weights.seed(), results);
+    run_rank(comm, problem, batches, weights.seed(), options.activation_clamp, results);
   });
   require(failed == 0, "--backend gpu", failed, " of ", problem.num_ranks, " ranks failed (see above)");
   if (options.progress) options.progress(1, 2);
@@ -167,7 +170,7 @@ BackendResult run_gpu_backend(const Problem& problem, const std::vector<RankBatc
     outcome.result.recv_counts.emplace_back(stats, stats + problem.experts_per_rank());
     std::printf("gpu: rank %d layer call %.1f us\n", r, stats[problem.experts_per_rank()] / 1e3);
   }
-  check_sample(problem, batches, weights, outcome.result);
+  check_sample(problem, batches, weights, options.activation_clamp, outcome.result);
   if (options.progress) options.progress(2, 2);
   return outcome;
 }

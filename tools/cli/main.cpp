@@ -299,6 +299,7 @@ int run(const RunOptions& options, const BackendChoice& choice) {
   ProgressLine progress("compute");
   BackendOptions backend_options;
   backend_options.threads = options.threads;
+  backend_options.activation_clamp = options.preset->activation_clamp;
   const std::string units = choice.kind == BackendKind::cpu ? "experts" : "steps";
   backend_options.progress = [&progress, &units](int64_t done, int64_t total) { progress.update(done, total, units); };
   BackendResult outcome;

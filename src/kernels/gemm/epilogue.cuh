@@ -16,6 +16,7 @@
 
 #include "kernels/gemm/pipeline.cuh"
 #include "kernels/gemm/scheduler.cuh"
+#include "megamoe/activation.h"
 #include "megamoe/comm.h"
 #include "megamoe/formats.h"
 #include "megamoe/layout.h"
@@ -80,6 +81,7 @@ struct SwigluEpilogue {
   const float* row_weights;  // route weight per row, or nullptr for weight 1 (shared experts)
   uint32_t out_row_elements;
   uint32_t scale_rows;
+  float activation_clamp;  // before SwiGLU: gate <= c, |up| <= c (activation.h); +infinity: none
 
   using Policy = typename Config::Policy;
 
@@ -157,8 +159,8 @@ struct SwigluEpilogue {
       weights[c] = route_weight(tile, FragmentCoords::column(2 * (c / 2) * 2 + (c % 2), lane));
 #pragma unroll
     for (uint32_t i = 0; i < Config::kAccRegs; ++i) {
-      const float gate = acc[0][i];
-      acc[0][i] = silu(gate) * acc[1][i] * weights[(i / 4) * 2 + (i % 2)];
+      const float gate = clamp_gate(acc[0][i], activation_clamp);
+      acc[0][i] = silu(gate) * clamp_up(acc[1][i], activation_clamp) * weights[(i / 4) * 2 + (i % 2)];
     }
 
     uint8_t* staging = smem.staging();
@@ -214,8 +216,8 @@ struct SwigluEpilogue {
     for (uint32_t h = 0; h < 2; ++h)
 #pragma unroll
       for (uint32_t i = 0; i < 32; ++i) {
-        const float gate = acc[h][i];
-        acc[h][i] = silu(gate) * acc[h][i + 32] * weights[pair_row_select(i)];
+        const float gate = clamp_gate(acc[h][i], activation_clamp);
+        acc[h][i] = silu(gate) * clamp_up(acc[h][i + 32], activation_clamp) * weights[pair_row_select(i)];
       }
     if constexpr (Policy::kScaled) {
       float amax[2] = {0.0f, 0.0f};

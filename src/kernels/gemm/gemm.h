@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstdint>
 #include <span>
 
@@ -78,6 +79,7 @@ struct SwigluOutput {
   float* scales = nullptr;
   const float* row_weights = nullptr;  // nullptr: weight 1
   uint32_t scale_rows = 0;
+  float activation_clamp = INFINITY;  // before SwiGLU (megamoe/activation.h); +infinity: no clamp
 };
 
 

@@ -141,7 +141,7 @@ struct SwigluEpilogueFor {
     require(operands.n_out % 256 == 0, "n_out", "of the L1 GEMM (2 * intermediate) must be a multiple of 256, got ",
             operands.n_out);
     return SwigluEpilogue<Config>{output.acts, output.scales, output.row_weights, operands.n_out / 2,
-                                  output.scale_rows};
+                                  output.scale_rows, output.activation_clamp};
   }
 };
 

@@ -1,0 +1,490 @@
+"""The layer on torch tensors, with calls shaped like DeepGEMM's MegaMoE (``deep_gemm.mega``).
+
+Upstream (Blackwell)                               here (Hopper)
+``deep_gemm.get_symm_buffer_for_mega_moe(...)``    :func:`get_symm_buffer_for_mega_moe` (same arguments)
+``deep_gemm.transform_weights_for_mega_moe(...)``  :func:`transform_weights_for_mega_moe`
+``deep_gemm.fp8_fp4_mega_moe(y, l1, l2, buf, ...)`` :func:`fp8_fp4_mega_moe` (same arguments)
+``deep_gemm.bf16_mega_moe(y, l1, l2, buf, ...)``    :func:`bf16_mega_moe`
+(none)                                              :func:`fp8_mega_moe` (DeepSeek-V3's 128x128 FP8 weights)
+
+A :class:`Buffer` bootstraps this library's own NCCL communicator from a unique id broadcast over any
+``torch.distributed`` group (NCCL or gloo), allocates the symmetric buffer (collective; ranks whose
+shapes disagree all raise ValueError naming the field), and exposes its input regions as torch tensors:
+write ``x``, ``x_sf``, ``topk_idx`` and ``topk_weights`` into their first ``num_tokens`` rows, then call.
+Calls run on torch's current stream with no host synchronization and no allocation, so they can be
+captured with ``torch.cuda.graph``. Argument errors raise ValueError naming the argument; errors the
+kernels record (an expert id outside [-1, num_experts), a timeout) surface as RuntimeError from
+:meth:`Buffer.check_device_error`, which synchronizes. See docs/python.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from . import _megamoe, make_problem
+
+__all__ = [
+    "Buffer",
+    "MegaMoeWeights",
+    "get_symm_buffer_for_mega_moe",
+    "transform_weights_for_mega_moe",
+    "fp8_mega_moe",
+    "fp8_fp4_mega_moe",
+    "bf16_mega_moe",
+    "emulated_group",
+]
+
+_E4M3 = torch.float8_e4m3fn
+_MMA_TYPES = {"fp8xfp4": "fp8_fp4", "fp8xfp8": "fp8", "bf16xbf16": "bf16"}
+_RECIPES = ("fp8", "fp8_fp4", "bf16")
+
+
+def _stream_of(stream) -> int:
+    return stream.cuda_stream if hasattr(stream, "cuda_stream") else int(stream)
+
+
+def _nccl_communicator(group, device: int):
+    """This library's NCCL communicator over the ranks of `group`, bootstrapped through it."""
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        return _megamoe.nccl_communicator(_megamoe.nccl_unique_id(), 1, 0, device)
+    group = group if group is not None else dist.group.WORLD
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    unique_id = [_megamoe.nccl_unique_id() if rank == 0 else None]
+    dist.broadcast_object_list(unique_id, src=dist.get_global_rank(group, 0), group=group)
+    return _megamoe.nccl_communicator(unique_id[0], size, rank, device)
+
+
+def _copy_problem(problem):
+    copy = _megamoe.Problem()
+    for name in ("num_ranks", "rank", "num_experts", "top_k", "hidden", "intermediate", "num_shared_experts",
+                 "max_tokens_per_rank", "recipe"):
+        setattr(copy, name, getattr(problem, name))
+    return copy
+
+
+def emulated_group(num_ranks: int):
+    """R ranks emulated in this process on one GPU (for tests): ``group.communicator(rank, device)`` gives
+    rank r's communicator, for ``Buffer(communicator=...)``; each rank then needs its own host thread to
+    create its buffer (collective), and its calls run on the rank's own stream (``Buffer.stream``). The
+    process must start with CUDA_MODULE_LOADING=EAGER and CUDA_DEVICE_MAX_CONNECTIONS=32 in its
+    environment (before CUDA is initialized), or a rank's spin-wait can starve another's launch."""
+    return _megamoe.EmulatedGroup(num_ranks)
+
+
+class Buffer:
+    """The symmetric buffer of one layer shape on this rank (collective: every rank of the group creates
+    one with the same shapes).
+
+    Either ``problem`` (a :class:`megamoe.Problem`, e.g. from :func:`megamoe.preset_problem`) or the
+    keyword shapes (DeepGEMM's names) describe the layer; the rank and the number of ranks come from the
+    group. ``activation_scales`` says how ``x_sf`` holds the activation scales of the fp8 recipes:
+    ``"block"``: float32 [tokens, hidden / 128], one scale per 1x128 (the library's own format, read in
+    place); ``"mx"`` (fp8_fp4 only): DeepGEMM's recipe (1, 1, 32), UE8M0 per 32 packed four to an int32
+    [tokens, hidden / 128], converted on the GPU at each call (``megamoe/mx.h``: exact wherever the
+    values are representable). Tensors:
+
+    - ``x``: [max tokens, hidden] float8_e4m3fn (fp8 recipes) or bfloat16;
+    - ``x_sf``: as above (not for bf16);
+    - ``topk_idx``: [max tokens, top_k] int32 (-1 = masked route); ``topk_weights``: float32.
+    """
+
+    def __init__(self, group=None, problem=None, *, num_experts: Optional[int] = None,
+                 num_max_tokens_per_rank: Optional[int] = None, num_topk: Optional[int] = None,
+                 hidden: Optional[int] = None, intermediate_hidden: Optional[int] = None,
+                 num_shared_experts: int = 0, recipe: Optional[str] = None, activation_scales: str = "block",
+                 communicator=None):
+        if communicator is None:
+            if not torch.cuda.is_available():
+                raise RuntimeError("Buffer: no CUDA device is available")
+            device = torch.cuda.current_device()
+            rank = dist.get_rank(group) if group is not None or (dist.is_available() and dist.is_initialized()) else 0
+            size = dist.get_world_size(group) if group is not None or (dist.is_available() and dist.is_initialized()) else 1
+        else:
+            device, rank, size = communicator.device, communicator.rank, communicator.size
+        if problem is None:
+            missing = [n for n, v in (("num_experts", num_experts), ("num_max_tokens_per_rank", num_max_tokens_per_rank),
+                                      ("num_topk", num_topk), ("hidden", hidden),
+                                      ("intermediate_hidden", intermediate_hidden)) if v is None]
+            if missing:
+                raise ValueError(f"{missing[0]}: is required when no problem is given")
+            problem = make_problem(num_experts=num_experts, top_k=num_topk, hidden=hidden,
+                                   intermediate=intermediate_hidden, max_tokens_per_rank=num_max_tokens_per_rank,
+                                   num_ranks=size, rank=rank, num_shared_experts=num_shared_experts,
+                                   recipe=recipe or "fp8_fp4", validate=False)
+        else:
+            problem = _copy_problem(problem)
+            if recipe is not None:
+                problem.recipe = recipe
+            problem.num_ranks, problem.rank = size, rank
+        if activation_scales not in ("block", "mx"):
+            raise ValueError(f"activation_scales: must be 'block' or 'mx', got {activation_scales!r}")
+        if activation_scales == "mx" and problem.recipe != "fp8_fp4":
+            raise ValueError(f"activation_scales: 'mx' needs recipe fp8_fp4, got {problem.recipe}")
+        # The problem is checked on every rank inside the collective creation (all raise together).
+        self.group = group
+        self.activation_scales = activation_scales
+        self._comm = communicator if communicator is not None else _nccl_communicator(group, device)
+        self._core = _megamoe.SymmBuffer(self._comm, problem)
+        self.problem = self._core.problem
+        self.device = torch.device("cuda", self._core.device)
+        p = self.problem
+        self.rank, self.num_ranks = p.rank, p.num_ranks
+        self.num_experts, self.num_topk, self.hidden = p.num_experts, p.top_k, p.hidden
+        self.intermediate_hidden, self.num_max_tokens_per_rank = p.intermediate, p.max_tokens_per_rank
+        self.num_shared_experts, self.recipe = p.num_shared_experts, p.recipe
+        self.num_experts_per_rank = p.experts_per_rank
+        self.num_bytes = self._core.total_bytes
+        region = lambda name: torch.from_dlpack(self._core.region(name))  # noqa: E731
+        self._x = region("x")
+        if p.recipe != "bf16":
+            self._x = self._x.view(_E4M3)
+            self._x_scales = region("x_scales")
+        else:
+            self._x_scales = None
+        self.topk_idx = region("topk_idx")
+        self.topk_weights = region("topk_weights")
+        if activation_scales == "mx":
+            # Staging tensors the caller writes; each call converts them into the symmetric regions.
+            self.x = torch.zeros(tuple(self._x.shape), dtype=torch.uint8, device=self.device).view(_E4M3)
+            self.x_sf = torch.zeros((p.max_tokens_per_rank, p.hidden // 128), dtype=torch.int32, device=self.device)
+            self._core.set_mx_staging(self.x.view(torch.uint8), self.x_sf.view(torch.uint8))
+        else:
+            self.x, self.x_sf = self._x, self._x_scales
+        self._stats_scratch = torch.zeros(p.experts_per_rank, dtype=torch.int64, device=self.device)
+        self._weights_cache: Dict[tuple, tuple] = {}
+        self._emulated = bool(self._comm.emulated)
+        self._external_stream = (torch.cuda.ExternalStream(self._comm.stream, device=self.device)
+                                 if self._emulated else None)
+
+    @property
+    def stream(self):
+        """The stream calls run on: torch's current stream, or an emulated rank's own."""
+        return self._external_stream if self._emulated else torch.cuda.current_stream(self.device)
+
+    def check_device_error(self) -> None:
+        """Waits for the calls so far, then raises RuntimeError with the first error the kernels recorded
+        (rank, block, the id or what was waited on, expected and seen values) and clears it. After a
+        timeout, create a new buffer."""
+        self._core.check_device_error(_stream_of(self.stream))
+
+    def destroy(self) -> None:
+        """Frees the buffer and this library's communicator (collective: every rank calls it). Without it
+        both are left to process exit, since freeing them waits for every rank."""
+        if self._core is not None:
+            # Calls still running may read peers' buffers: wait for this rank's (an emulated rank waits for
+            # its own stream only, since another rank's kernels may still wait for this one's).
+            if self._emulated:
+                self.stream.synchronize()
+            else:
+                torch.cuda.synchronize(self.device)
+        self.x = self.x_sf = self.topk_idx = self.topk_weights = self._x = self._x_scales = None
+        self._weights_cache.clear()
+        if self._core is not None:
+            self._core.destroy()
+            self._core = None
+        if self._comm is not None and not self._emulated:
+            self._comm.close()
+        self._comm = None
+
+    def __repr__(self) -> str:
+        return (f"megamoe.torch.Buffer(rank {self.rank}/{self.num_ranks}, {self.problem.describe()}, "
+                f"{self.num_bytes / 2 ** 20:.1f} MiB, activation_scales={self.activation_scales})")
+
+
+def get_symm_buffer_for_mega_moe(group, num_experts: int, num_max_tokens_per_rank: int, num_topk: int,
+                                 hidden: int, intermediate_hidden: int, use_fp8_dispatch: Optional[bool] = None,
+                                 mma_type: str = "fp8xfp4", activation: str = "swiglu", *,
+                                 num_shared_experts: int = 0, activation_scales: Optional[str] = None) -> Buffer:
+    """DeepGEMM's buffer getter: ``mma_type`` 'fp8xfp4' (MXFP4 weights; activations with UE8M0 scales per
+    32 by default, as upstream), 'fp8xfp8' (this library's fp8 recipe: 128x128 FP32 weight scales, 1x128
+    activation scales; upstream's is per-32 UE8M0) or 'bf16xbf16'."""
+    if activation != "swiglu":
+        raise ValueError(f"activation: only 'swiglu' is supported, got {activation!r}")
+    if mma_type not in _MMA_TYPES:
+        raise ValueError(f"mma_type: must be one of {', '.join(_MMA_TYPES)}, got {mma_type!r}")
+    if use_fp8_dispatch is not None and use_fp8_dispatch != mma_type.startswith("fp8"):
+        raise ValueError(f"use_fp8_dispatch: {use_fp8_dispatch} contradicts mma_type {mma_type!r}")
+    recipe = _MMA_TYPES[mma_type]
+    if activation_scales is None:
+        activation_scales = "mx" if recipe == "fp8_fp4" else "block"
+    return Buffer(group, num_experts=num_experts, num_max_tokens_per_rank=num_max_tokens_per_rank, num_topk=num_topk,
+                  hidden=hidden, intermediate_hidden=intermediate_hidden, num_shared_experts=num_shared_experts,
+                  recipe=recipe, activation_scales=activation_scales)
+
+
+# ---- Weights -------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class MegaMoeWeights:
+    """One linear's weights for all of a rank's experts (or for the shared experts), in the layout the
+    kernels read. Made by :func:`transform_weights_for_mega_moe`; pass it to the calls as it is."""
+
+    recipe: str
+    linear: int  # 1 or 2
+    num_experts: int
+    rows: int  # 2I for L1, H for L2
+    cols: int  # H for L1, I for L2
+    tensors: Dict[str, torch.Tensor] = field(default_factory=dict)  # w, scales, shifts
+
+
+def _ue8m0_codes(sf: torch.Tensor, shape, name: str) -> torch.Tensor:
+    """MXFP4 scales as UE8M0 bytes [.., rows, cols / 32] from uint8, float8_e8m0fnu, float32 powers of
+    two, or int32 with four codes packed per word (DeepGEMM's)."""
+    e, rows, groups = shape
+    if sf.dtype in (torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8)):
+        codes = sf.view(torch.uint8)
+    elif sf.dtype == torch.int32 and tuple(sf.shape) == (e, rows, groups // 4):
+        codes = sf.contiguous().view(torch.uint8)
+    elif sf.dtype == torch.float32:
+        bits = sf.contiguous().view(torch.int32)
+        exponent = (bits >> 23) & 0xFF
+        if bool(((bits < 0) | ((bits & 0x7FFFFF) != 0) | (exponent == 0) | (exponent == 0xFF)).any()):
+            raise ValueError(f"{name}: float32 MXFP4 scales must be positive, finite powers of two (normal floats)")
+        codes = exponent.to(torch.uint8)
+    else:
+        raise ValueError(f"{name}: MXFP4 scales must be uint8 (UE8M0), float8_e8m0fnu, float32 powers of two or "
+                         f"packed int32, got {sf.dtype}")
+    if tuple(codes.shape) != (e, rows, groups):
+        raise ValueError(f"{name}: must have shape {[e, rows, groups]} (UE8M0 per 32), got {list(sf.shape)}")
+    return codes.contiguous()
+
+
+def _as_experts(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()  # parameters: the layer only reads them
+    return t.unsqueeze(0) if t.dim() == 2 else t
+
+
+def _infer_recipe(l1) -> str:
+    if isinstance(l1, torch.Tensor):
+        return "bf16"
+    w = l1[0]
+    if w.dtype == _E4M3:
+        return "fp8"
+    if w.dtype in (torch.int8, torch.uint8) or w.dtype == getattr(torch, "float4_e2m1fn_x2", None):
+        return "fp8_fp4"
+    raise ValueError(f"l1_weights: cannot tell the recipe from dtype {w.dtype} (float8_e4m3fn: fp8, packed int8 "
+                     f"or uint8: fp8_fp4, a bfloat16 tensor: bf16)")
+
+
+def _transform_linear(recipe: str, linear: int, weights, name: str) -> MegaMoeWeights:
+    if recipe == "bf16":
+        if not isinstance(weights, torch.Tensor) or weights.dtype != torch.bfloat16:
+            raise ValueError(f"{name}: bf16 weights must be one bfloat16 tensor [experts, rows, cols]")
+        w, sf = _as_experts(weights), None
+    else:
+        if not (isinstance(weights, (tuple, list)) and len(weights) == 2):
+            raise ValueError(f"{name}: {recipe} weights must be a (weights, scales) pair")
+        if not all(isinstance(t, torch.Tensor) for t in weights):
+            raise ValueError(f"{name}: {recipe} weights must be a pair of torch tensors (weights, scales)")
+        w, sf = _as_experts(weights[0]), _as_experts(weights[1])
+    if w.dim() != 3 or not w.is_cuda:
+        raise ValueError(f"{name}: must be a CUDA tensor [experts, rows, cols], got {list(w.shape)} on {w.device}")
+    e, rows = w.shape[0], w.shape[1]
+    cols = w.shape[2] * (2 if recipe == "fp8_fp4" else 1)
+    if rows % 128 or cols % 128:
+        raise ValueError(f"{name}: rows and columns must be multiples of 128, got {rows} x {cols}")
+    out = MegaMoeWeights(recipe, linear, e, rows, cols)
+    if linear == 1:
+        if rows % 256:
+            raise ValueError(f"{name}: L1 rows (2 * intermediate) must be a multiple of 256, got {rows}")
+        canonical = torch.from_numpy(_megamoe.l1_canonical_rows(rows // 2)).to(w.device)
+    if recipe == "fp8":
+        if w.dtype != _E4M3:
+            raise ValueError(f"{name}: fp8 weights must be float8_e4m3fn, got {w.dtype}")
+        if sf.dtype != torch.float32 or tuple(sf.shape) != (e, rows // 128, cols // 128):
+            raise ValueError(f"{name}: fp8 scales must be float32 [{e}, {rows // 128}, {cols // 128}] (128x128 blocks),"
+                             f" got {sf.dtype} {list(sf.shape)}")
+        codes = w.view(torch.uint8)  # FP8 tensors support few ops; the transform only moves bytes
+        if linear == 1:
+            codes = codes.index_select(1, canonical)
+            scales = sf.index_select(1, canonical[::64] // 128)
+        else:
+            scales = sf.repeat_interleave(2, dim=1)
+        out.tensors = {"w": codes.contiguous().view(_E4M3), "scales": scales.contiguous()}
+    elif recipe == "fp8_fp4":
+        if w.dtype not in (torch.int8, torch.uint8) and w.dtype != getattr(torch, "float4_e2m1fn_x2", None):
+            raise ValueError(f"{name}: fp8_fp4 weights must be packed E2M1 pairs (int8 or uint8), got {w.dtype}")
+        codes = w.view(torch.uint8)
+        mx = _ue8m0_codes(sf, (e, rows, cols // 32), name)
+        if linear == 1:
+            codes, mx = codes.index_select(1, canonical), mx.index_select(1, canonical)
+        codes = codes.contiguous().clone() if linear == 2 else codes.contiguous()  # prepared in place below
+        block_scales = torch.empty((e, rows // 64, cols // 128), dtype=torch.float32, device=w.device)
+        shifts = torch.empty((cols // 128, e * rows, 4), dtype=torch.uint8, device=w.device)
+        with torch.cuda.device(w.device):
+            _megamoe.prepare_fp4_weights(codes.view(e * rows, cols // 2), mx.contiguous().view(e * rows, cols // 32),
+                                         block_scales.view(e * rows // 64, cols // 128), shifts,
+                                         torch.cuda.current_stream().cuda_stream)
+        out.tensors = {"w": codes, "scales": block_scales, "shifts": shifts}
+    else:
+        out.tensors = {"w": (w.index_select(1, canonical) if linear == 1 else w).contiguous()}
+    return out
+
+
+@torch.no_grad()
+def transform_weights_for_mega_moe(l1_weights, l2_weights, activation: str = "swiglu", *,
+                                   recipe: Optional[str] = None) -> Tuple[MegaMoeWeights, MegaMoeWeights]:
+    """Canonical weights of this rank's experts (or of the shared experts) -> the kernels' layout, on their
+    GPU, once at load. Canonical, per recipe (W1 rows: gate 0..I-1, then up; E may be left out for the
+    shared experts, whose S experts come concatenated as one of intermediate S*I):
+
+    - fp8: ``l1 = (w1 float8_e4m3fn [E, 2I, H], float32 [E, 2I/128, H/128])``, ``l2 = (w2 [E, H, I],
+      float32 [E, H/128, I/128])`` (DeepSeek-V3's block scales);
+    - fp8_fp4: ``l1 = (w1 int8/uint8 [E, 2I, H/2] (E2M1 pairs, low nibble first), scales [E, 2I, H/32])``
+      with UE8M0 scales as uint8, float8_e8m0fnu, float32 powers of two, or int32 packing four
+      ([E, 2I, H/128], DeepGEMM's); ``l2`` likewise [E, H, I/2];
+    - bf16: ``l1 = w1 bfloat16 [E, 2I, H]``, ``l2 = w2 [E, H, I]``.
+    """
+    if activation != "swiglu":
+        raise ValueError(f"activation: only 'swiglu' is supported, got {activation!r}")
+    recipe = recipe or _infer_recipe(l1_weights)
+    if recipe not in _RECIPES:
+        raise ValueError(f"recipe: must be one of {', '.join(_RECIPES)}, got {recipe!r}")
+    l1 = _transform_linear(recipe, 1, l1_weights, "l1_weights")
+    l2 = _transform_linear(recipe, 2, l2_weights, "l2_weights")
+    if l1.num_experts != l2.num_experts or l1.rows != 2 * l2.cols or l1.cols != l2.rows:
+        raise ValueError(f"l2_weights: [{l2.num_experts}, {l2.rows}, {l2.cols}] does not match l1_weights "
+                         f"[{l1.num_experts}, {l1.rows}, {l1.cols}] (expected [E, H, I] for l1 [E, 2I, H])")
+    return l1, l2
+
+
+def _layer_weights(buffer: Buffer, l1, l2, shared_l1, shared_l2):
+    parts = (l1, l2, shared_l1, shared_l2)
+    key = tuple(id(part) for part in parts)
+    cached = buffer._weights_cache.get(key)
+    if cached is not None and all(a is b for a, b in zip(cached[0], parts)):
+        return cached[1]
+    tensors = {}
+    for prefix, part, name in (("", l1, "l1_weights"), ("", l2, "l2_weights"), ("shared_", shared_l1, "shared_l1_weights"),
+                               ("shared_", shared_l2, "shared_l2_weights")):
+        if part is None:
+            continue
+        if not isinstance(part, MegaMoeWeights):
+            raise ValueError(f"{name}: must come from transform_weights_for_mega_moe, got {type(part).__name__}")
+        if part.recipe != buffer.recipe:
+            raise ValueError(f"{name}: were prepared for recipe {part.recipe}, the buffer is for {buffer.recipe}")
+        stem = f"{prefix}w{part.linear}"
+        codes = part.tensors["w"]
+        tensors[stem] = codes.view(torch.uint8) if codes.dtype == _E4M3 else codes  # DLPack has no FP8 in older torch
+        for extra in ("scales", "shifts"):
+            if extra in part.tensors:
+                tensors[f"{stem}_{extra}"] = part.tensors[extra]
+    if (shared_l1 is None) != (shared_l2 is None):
+        raise ValueError("shared_l1_weights: shared_l1_weights and shared_l2_weights come together")
+    if buffer.num_shared_experts > 0 and shared_l1 is None:
+        raise ValueError(f"shared_l1_weights: the buffer has {buffer.num_shared_experts} shared experts; pass their "
+                         f"weights (transform_weights_for_mega_moe of the concatenated experts)")
+    if buffer.num_shared_experts == 0 and shared_l1 is not None:
+        raise ValueError("shared_l1_weights: the buffer was made with num_shared_experts=0")
+    weights = _megamoe.layer_weights(buffer.recipe, tensors)
+    buffer._weights_cache[key] = ((l1, l2, shared_l1, shared_l2), weights)
+    return weights
+
+
+# ---- The calls -------------------------------------------------------------------------------------------
+
+
+def _check_y(y, buffer: Buffer) -> int:
+    if not isinstance(y, torch.Tensor):
+        raise ValueError(f"y: must be a torch tensor, got {type(y).__name__}")
+    if y.dtype != torch.bfloat16 or y.dim() != 2 or y.shape[1] != buffer.hidden:
+        raise ValueError(f"y: must be bfloat16 [num_tokens, {buffer.hidden}], got {y.dtype} {list(y.shape)}")
+    if y.device != buffer.device:
+        raise ValueError(f"y: must be on {buffer.device} (the buffer's device), got {y.device}")
+    if y.shape[0] > buffer.num_max_tokens_per_rank:
+        raise ValueError(f"y: {y.shape[0]} tokens exceed the buffer's num_max_tokens_per_rank "
+                         f"({buffer.num_max_tokens_per_rank})")
+    if not y.is_contiguous():
+        raise ValueError("y: must be contiguous")
+    return y.shape[0]
+
+
+def _run(kind: str, y, l1_weights, l2_weights, sym_buffer: Buffer, stats, recipe, activation, activation_clamp,
+         shared_l1_weights, shared_l2_weights, num_tokens):
+    if not isinstance(sym_buffer, Buffer):
+        raise ValueError(f"sym_buffer: must be a megamoe.torch.Buffer, got {type(sym_buffer).__name__}")
+    if sym_buffer._core is None:
+        raise ValueError("sym_buffer: was destroyed")
+    if activation != "swiglu":
+        raise ValueError(f"activation: only 'swiglu' is supported, got {activation!r}")
+    if sym_buffer.recipe != kind:
+        raise ValueError(f"sym_buffer: was made for recipe {sym_buffer.recipe}; {kind}_mega_moe needs {kind}")
+    n = _check_y(y, sym_buffer)
+    if num_tokens is not None and num_tokens != n:
+        raise ValueError(f"num_tokens: {num_tokens} differs from y's {n} rows")
+    if recipe is not None:
+        recipe = tuple(recipe)
+        want = {"fp8": ((1, 128, 128),), "bf16": ()}.get(kind)
+        if kind == "fp8_fp4":
+            want = ((1, 1, 32),) if sym_buffer.activation_scales == "mx" else ((1, 1, 128),)
+        if recipe not in want:
+            raise ValueError(f"recipe: {recipe} does not match the buffer (activation_scales="
+                             f"{sym_buffer.activation_scales!r} takes {want[0] if want else 'no recipe'})")
+    if activation_clamp is None:
+        clamp = 0.0
+    else:
+        clamp = float(activation_clamp)
+        if math.isnan(clamp) or clamp < 0:
+            raise ValueError(f"activation_clamp: must be positive (the clamp), 0 or None (no clamp), got {activation_clamp}")
+    stats64 = None
+    if stats is not None:
+        if not isinstance(stats, torch.Tensor) or stats.dtype not in (torch.int32, torch.int64) \
+                or tuple(stats.shape) != (sym_buffer.num_experts_per_rank,) or stats.device != sym_buffer.device \
+                or not stats.is_contiguous():
+            raise ValueError(f"cumulative_local_expert_recv_stats: must be a contiguous int32 or int64 tensor "
+                             f"[{sym_buffer.num_experts_per_rank}] on {sym_buffer.device}, got "
+                             f"{getattr(stats, 'dtype', type(stats))} {list(getattr(stats, 'shape', []))}")
+        stats64 = stats if stats.dtype == torch.int64 else sym_buffer._stats_scratch
+    weights = _layer_weights(sym_buffer, l1_weights, l2_weights, shared_l1_weights, shared_l2_weights)
+    stream = sym_buffer.stream
+    sym_buffer._core.run_from_buffer(kind, n, weights, y, _stream_of(stream), stats64, clamp,
+                                     sym_buffer.activation_scales == "mx")
+    if stats is not None and stats.dtype == torch.int32:
+        with torch.cuda.stream(stream):
+            stats.add_(sym_buffer._stats_scratch)
+            sym_buffer._stats_scratch.zero_()
+
+
+def fp8_fp4_mega_moe(y: torch.Tensor, l1_weights: MegaMoeWeights, l2_weights: MegaMoeWeights, sym_buffer: Buffer,
+                     cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
+                     recipe: Optional[Tuple[int, int, int]] = None, activation: str = "swiglu",
+                     activation_clamp: Optional[float] = None, fast_math: bool = True, *,
+                     shared_l1_weights: Optional[MegaMoeWeights] = None,
+                     shared_l2_weights: Optional[MegaMoeWeights] = None, num_tokens: Optional[int] = None) -> None:
+    """y [num_tokens, hidden] bf16 = the MoE layer of the first num_tokens rows of sym_buffer's inputs, with
+    MXFP4 expert weights and E4M3 activations. ``recipe`` (1, 1, 32): the buffer's ``x_sf`` holds UE8M0
+    per 32 (activation_scales='mx'); (1, 1, 128): float32 per 1x128 ('block'); None: whichever the
+    buffer holds. ``activation_clamp`` c: before SwiGLU, gate = min(gate, c) and up = clamp(up, -c, c)
+    (None or 0: none). ``cumulative_local_expert_recv_stats`` (int32 or int64 [experts per rank]) has each
+    local expert's received routes added. ``fast_math`` is accepted for DeepGEMM's signature; SiLU always
+    uses the hardware exp2 and reciprocal here."""
+    _run("fp8_fp4", y, l1_weights, l2_weights, sym_buffer, cumulative_local_expert_recv_stats, recipe, activation,
+         activation_clamp, shared_l1_weights, shared_l2_weights, num_tokens)
+
+
+def fp8_mega_moe(y: torch.Tensor, l1_weights: MegaMoeWeights, l2_weights: MegaMoeWeights, sym_buffer: Buffer,
+                 cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
+                 recipe: Optional[Tuple[int, int, int]] = None, activation: str = "swiglu",
+                 activation_clamp: Optional[float] = None, fast_math: bool = True, *,
+                 shared_l1_weights: Optional[MegaMoeWeights] = None,
+                 shared_l2_weights: Optional[MegaMoeWeights] = None, num_tokens: Optional[int] = None) -> None:
+    """As :func:`fp8_fp4_mega_moe` with FP8 weights in 128x128 blocks (DeepSeek-V3's); ``recipe`` (1, 128,
+    128) or None."""
+    _run("fp8", y, l1_weights, l2_weights, sym_buffer, cumulative_local_expert_recv_stats, recipe, activation,
+         activation_clamp, shared_l1_weights, shared_l2_weights, num_tokens)
+
+
+def bf16_mega_moe(y: torch.Tensor, l1_weights: MegaMoeWeights, l2_weights: MegaMoeWeights, sym_buffer: Buffer,
+                  cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None, activation: str = "swiglu",
+                  activation_clamp: Optional[float] = None, fast_math: bool = True, *,
+                  shared_l1_weights: Optional[MegaMoeWeights] = None,
+                  shared_l2_weights: Optional[MegaMoeWeights] = None, num_tokens: Optional[int] = None) -> None:
+    """As :func:`fp8_fp4_mega_moe` with BF16 activations and weights (DeepGEMM's bf16_mega_moe signature)."""
+    _run("bf16", y, l1_weights, l2_weights, sym_buffer, cumulative_local_expert_recv_stats, None, activation,
+         activation_clamp, shared_l1_weights, shared_l2_weights, num_tokens)

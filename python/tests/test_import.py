@@ -1,0 +1,45 @@
+import os
+import re
+import subprocess
+import sys
+
+import megamoe
+from megamoe import _megamoe
+
+
+def test_version():
+    assert re.fullmatch(r"\d+\.\d+\.\d+", megamoe.__version__)
+    assert megamoe.__version__ == _megamoe.__version__
+
+
+def test_import_needs_neither_torch_nor_a_gpu():
+    code = ("import sys, megamoe, megamoe.reference, megamoe.formats; "
+            "assert 'torch' not in sys.modules, 'torch was imported'; print(megamoe.__version__)")
+    package_parent = os.path.dirname(os.path.dirname(megamoe.__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([package_parent, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == megamoe.__version__
+
+
+def test_presets_include_deepseek_v4():
+    table = megamoe.presets()
+    flash, pro = table["deepseek-v4-flash"], table["deepseek-v4-pro"]
+    assert (flash["num_experts"], flash["top_k"], flash["hidden"], flash["intermediate"]) == (256, 6, 4096, 2048)
+    assert (pro["num_experts"], pro["top_k"], pro["hidden"], pro["intermediate"]) == (384, 6, 7168, 3072)
+    for p in (flash, pro):
+        assert p["recipe"] == "fp8_fp4" and p["num_shared_experts"] == 1 and p["activation_clamp"] == 10.0
+    v3 = megamoe.preset_problem("deepseek-v3", num_ranks=8, max_tokens_per_rank=64)
+    assert (v3.num_experts, v3.top_k, v3.hidden, v3.intermediate, v3.recipe) == (256, 8, 7168, 2048, "fp8")
+    assert v3.experts_per_rank == 32
+
+
+def test_problem_round_trip():
+    p = megamoe.make_problem(num_experts=8, top_k=2, hidden=256, intermediate=256, max_tokens_per_rank=16,
+                             num_ranks=2, num_shared_experts=1, recipe="bf16")
+    assert p.recipe == "bf16" and p.experts_per_rank == 4
+    assert p.buffer_bytes > 0
+    assert "hidden" in p.describe() or "256" in p.describe()
+    q = megamoe.make_problem(num_experts=8, top_k=2, hidden=256, intermediate=256, max_tokens_per_rank=16,
+                             num_ranks=2, num_shared_experts=1, recipe="fp8")
+    assert p.fingerprint() != q.fingerprint()
