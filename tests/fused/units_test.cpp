@@ -17,9 +17,9 @@ TEST(FusedUnits, ClassifyWalksTheKindsInClaimOrder) {
   plan.shared_l2_units = 1;
   plan.combine_units = 2;
   const RoutedUnits routed{5, 6};
-  const std::vector<UnitKind> kinds = {UnitKind::send, UnitKind::shared_l1, UnitKind::pull, UnitKind::routed_l1,
+  const std::vector<UnitKind> kinds = {UnitKind::send, UnitKind::pull, UnitKind::shared_l1, UnitKind::routed_l1,
                                        UnitKind::routed_l2, UnitKind::shared_l2, UnitKind::combine};
-  const std::vector<uint32_t> counts = {3, 2, 4, 5, 6, 1, 2};
+  const std::vector<uint32_t> counts = {3, 4, 2, 5, 6, 1, 2};
   uint32_t unit = 0;
   for (size_t k = 0; k < kinds.size(); ++k) {
     for (uint32_t i = 0; i < counts[k]; ++i, ++unit) {

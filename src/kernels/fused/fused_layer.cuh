@@ -49,7 +49,9 @@ __device__ __forceinline__ bool is_first_linear(UnitKind kind) {
 
 // The dispatch warps' table: a send unit's counts per global expert, or a pull unit's segments.
 inline constexpr uint32_t kDispatchTableEntries = (kMaxExperts > kMaxSegments ? kMaxExperts : kMaxSegments) + 1;
-inline constexpr uint32_t kQueueSlots = 4;
+// Pull units come in bursts (up to four per CTA): the queue holds them all, so the producer goes on
+// to the GEMM units behind them.
+inline constexpr uint32_t kQueueSlots = 16;
 // The ring's last stage carries, with this bit, the unit the producer claimed but did not run (the
 // first combine unit, or one past the last): the math warps run it and claim the rest.
 inline constexpr uint32_t kEndBit = 0x80000000u;
@@ -363,13 +365,14 @@ __device__ void run_pull(const FusedScheduler<Config>& s, uint32_t index, uint32
   constexpr uint32_t kWarps = kDispatchThreads / 32;
   for (uint32_t row = rows.begin + thread / 32; row < rows.end; row += kWarps) {
     dispatch::pull_row<kDispatchPullUnroll>(a, segments, row, lane);
-    // The L1 tiles read the row through the async proxy once its expert's count is complete.
-    __threadfence();
-    cuda::ptx::fence_proxy_async();
+    // The L1 tiles read the row through the async proxy once its expert's count is complete. The
+    // warp's stores are ordered before lane 0's release by the warp barrier.
     __syncwarp();
-    if (lane == 0)
+    if (lane == 0) {
+      cuda::ptx::fence_proxy_async();
       cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(rows_pulled[segments.find(row) / num_ranks])
           .fetch_add(1, cuda::memory_order_release);
+    }
   }
 }
 
@@ -395,12 +398,13 @@ __device__ void dispatch_fused(const FusedScheduler<Config>& s, uint32_t thread,
 template <class Config>
 __device__ void signal_tile_done(const FusedScheduler<Config>& s, const UnitRef& ref, const gemm::Tile& tile,
                                  uint32_t math_warpgroup, uint32_t math_thread) {
+  // The warpgroup's stores are ordered before one thread's release by the barrier: the other threads
+  // go on (a fence in every thread stalled each of them until its own stores had landed).
   const bool second_linear = !is_first_linear(ref.kind);
-  if (second_linear) __threadfence_system();  // results in peers' combine slots
-  else __threadfence();
-  cuda::ptx::fence_proxy_async();
   gemm::warpgroup_barrier(math_warpgroup);
   if (math_thread % 128 != 0) return;
+  cuda::ptx::fence_proxy_async();
+  if (second_linear) __threadfence_system();  // results in peers' combine slots
   if (!second_linear) {
     const FusedCounters counters = s.counters();
     uint32_t* counter = ref.kind == UnitKind::routed_l1 ? counters.l1_done : counters.shared_l1_done;

@@ -5,8 +5,9 @@
 //   send       a range of this rank's tokens: copy their inputs into the buffer, count their routes per
 //              expert, scatter `token * top_k + k` to the owners (kernels/dispatch); the last one to
 //              finish sends the counts and arrives on the cross-rank barrier
-//   shared_l1  the shared experts' L1 tiles: they need only this rank's staged inputs
 //   pull       a range of received pool rows, once every rank's counts are in
+//   shared_l1  the shared experts' L1 tiles: they need only this rank's staged inputs, and keep the
+//              tensor cores busy while the pulls run
 //   routed_l1  L1 tiles of the local experts, each once its expert's rows are pulled
 //   routed_l2  L2 tiles, each once the L1 tiles of its token tile are done; results go to the source
 //              ranks' combine slots
@@ -32,7 +33,7 @@ inline constexpr uint32_t kMaxExperts = 1023;
 inline constexpr uint32_t kMaxSegments = 1023;
 inline constexpr uint32_t kMaxLocalExperts = 256;
 
-enum class UnitKind : uint32_t { send, shared_l1, pull, routed_l1, routed_l2, shared_l2, combine, none };
+enum class UnitKind : uint32_t { send, pull, shared_l1, routed_l1, routed_l2, shared_l2, combine, none };
 
 // The unit counts the host knows from this rank's call.
 struct UnitPlan {
@@ -57,7 +58,7 @@ struct UnitRef {
 };
 
 MEGAMOE_HD uint32_t first_routed_unit(const UnitPlan& plan) {
-  return plan.send_units + plan.shared_l1_units + plan.pull_units;
+  return plan.send_units + plan.pull_units + plan.shared_l1_units;
 }
 
 MEGAMOE_HD uint32_t total_units(const UnitPlan& plan, const RoutedUnits& routed) {
@@ -66,7 +67,7 @@ MEGAMOE_HD uint32_t total_units(const UnitPlan& plan, const RoutedUnits& routed)
 
 // Which unit `unit` is. Below first_routed_unit(plan) `routed` is not read.
 MEGAMOE_HD UnitRef classify(const UnitPlan& plan, const RoutedUnits& routed, uint32_t unit) {
-  const uint32_t counts[] = {plan.send_units, plan.shared_l1_units, plan.pull_units, routed.l1,
+  const uint32_t counts[] = {plan.send_units, plan.pull_units, plan.shared_l1_units, routed.l1,
                              routed.l2,       plan.shared_l2_units, plan.combine_units};
   uint32_t first = 0;
   for (uint32_t kind = 0; kind < 7; ++kind) {
