@@ -71,6 +71,10 @@ setup() {
   "$BASE_PY" -m venv --system-site-packages "$VENV" ||
     { rm -rf "$VENV" && "$BASE_PY" -m venv --system-site-packages --without-pip "$VENV" &&
       "$PY" "$(ls .whl/pip-*.whl | head -1)/pip" install -q --no-index .whl/pip-*.whl; } || return 1
+  # The base may itself be a venv, whose packages (torch) --system-site-packages does not reach: a
+  # .pth file adds its site-packages behind the new venv's own.
+  "$BASE_PY" -c "import site; print(site.getsitepackages()[0])" > \
+    "$("$PY" -c "import site; print(site.getsitepackages()[0])")/megamoe_base_venv.pth" || return 1
   "$PY" -m pip install -q --no-index --find-links .whl nanobind scikit-build-core packaging pathspec pytest \
       iniconfig pluggy pygments &&
     { "$PY" -c "import numpy" 2>/dev/null || "$PY" -m pip install -q --no-index --find-links .whl numpy; }
