@@ -157,7 +157,8 @@ class Calibration:
             hbm.append(layer["ceilings"]["hbm_copy_gbps"])
             fp8.append(layer["ceilings"]["fp8_dense_tflops"])
             for r in layer["rows"]:
-                if r["recipe"] == "fp8" and r["mode"] == "processes":
+                # The model is of the staged schedule (the default); a file may hold both schedules' rows.
+                if r["recipe"] == "fp8" and r["mode"] == "processes" and r.get("schedule", "staged") == "staged":
                     c.layer_rows.append(r)
         c.hbm_gbps = sum(hbm) / len(hbm)
         c.fp8_tflops = sum(fp8) / len(fp8)
