@@ -115,6 +115,9 @@ MEGAMOE_DEVICE bool spin_wait(const SymmView& view, ControlBlock* control, const
   if (poll(seen)) return true;
   const uint64_t start = cuda::ptx::get_sreg_globaltimer();
   for (uint32_t polls = 1; !poll(seen); ++polls) {
+    // A short sleep between polls: a waiting warp (the fused schedule's producer) then leaves its
+    // scheduler's issue slots to the math warps beside it.
+    __nanosleep(100);
     if (polls % 256 == 0 && rank_timed_out(control)) return false;
     if (cuda::ptx::get_sreg_globaltimer() - start > view.timeout_ns) {
       DeviceError error{};
