@@ -6,7 +6,7 @@
 #      torch and a Hopper GPU);
 #   3. `cmake --install` into build/install and a consumer project (examples/cmake_consumer) that finds it with
 #      find_package(megamoe CONFIG), builds, links and runs.
-# Needs python3 (3.9+) with venv and its headers (python3-dev, python3-venv: tools/setup.sh), and PyPI.
+# Needs python3 (3.9+) with venv and its headers (python3-dev, python3-venv: tools/setup.sh --python), and PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
