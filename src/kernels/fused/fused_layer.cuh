@@ -65,12 +65,35 @@ struct FusedTables {
   static constexpr uint32_t kQueueSlot = kDispatchTable + kDispatchTableEntries;   // [kQueueSlots]
   static constexpr uint32_t kQueueFull = (kQueueSlot + kQueueSlots + 1) / 2 * 2;   // u64 mbarriers
   static constexpr uint32_t kQueueEmpty = kQueueFull + 2 * kQueueSlots;
-  static constexpr uint32_t kBuilt = kQueueEmpty + 2 * kQueueSlots;
+  static constexpr uint32_t kSignals = kQueueEmpty + 2 * kQueueSlots;              // SignalTargets (u64 aligned)
+  static constexpr uint32_t kUnitTiles = kSignals + 8;                             // [ring stages] UnitTile
+  static constexpr uint32_t kUnitTileWords = 8;
+  static constexpr uint32_t kBuilt = kUnitTiles + 8 * kUnitTileWords;
   static constexpr uint32_t kDispatchFlag = kBuilt + 1;
   static constexpr uint32_t kMathFlag = kDispatchFlag + 1;
   static constexpr uint32_t kLastFlag = kMathFlag + 1;
   static constexpr uint32_t kWords = kLastFlag + 1;
 };
+
+// Where the math warps count their tiles done, in shared memory: computed from the parameters inside
+// the math loop, these addresses were hoisted out of it and held registers through the mainloop,
+// which then spilled. Written by thread 0 at the start, and l2_tiles by the producer once built.
+struct SignalTargets {
+  ControlBlock* control;
+  uint32_t* l1_done;
+  uint32_t* shared_l1_done;
+  uint32_t l2_tiles;  // the L2 tile arrivals (two warpgroups per tile) that complete this rank's L2
+};
+static_assert(sizeof(SignalTargets) <= 8 * 4, "the signal targets' words");
+
+// A GEMM unit's tile and linear, written by the producer beside the unit slot of the unit's first
+// stage: the math and converter warps read them there instead of deriving them from the unit index,
+// whose walk (classification, group cursors) held registers through the mainloop.
+struct UnitTile {
+  gemm::Tile tile;
+  uint32_t first_linear;
+};
+static_assert(sizeof(UnitTile) <= 4 * FusedTables::kUnitTileWords, "a unit tile's words");
 
 // The dispatch warps' barrier (named barrier 9: 1-8 are the GEMM's).
 inline constexpr uint32_t kDispatchThreads = 96;
@@ -107,6 +130,13 @@ struct FusedScheduler {
     return reinterpret_cast<uint64_t*>(words(FusedTables::kQueueEmpty)) + slot;
   }
   __device__ uint32_t* built_flag() const { return words(FusedTables::kBuilt); }
+  __device__ UnitTile* unit_tile(uint32_t stage) const {
+    static_assert(Config::kStages <= 8, "the unit tiles' slots");
+    return reinterpret_cast<UnitTile*>(words(FusedTables::kUnitTiles + stage * FusedTables::kUnitTileWords));
+  }
+  __device__ SignalTargets* signal_targets() const {
+    return reinterpret_cast<SignalTargets*>(words(FusedTables::kSignals));
+  }
 
   __device__ uint32_t num_groups() const { return params.dispatch.layout.experts_per_rank; }
   __device__ const UnitPlan& plan() const { return params.plan; }
@@ -134,7 +164,10 @@ struct FusedScheduler {
       return (begin[g + 1] - begin[g] + kBlockN - 1) / kBlockN;
     });
     __syncwarp();
-    if (lane == 0) *built_flag() = 1;
+    if (lane == 0) {
+      *built_flag() = 1;
+      signal_targets()->l2_tiles = 2 * l2_units();
+    }
     __syncwarp();
   }
   __device__ bool built() const { return *static_cast<volatile uint32_t*>(built_flag()) != 0; }
@@ -279,12 +312,14 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
       ok = wait_for_operands(s, ref, tile);
       // After a timeout the stages are loaded all the same (the record says the results are void),
       // so that the math warps' walk through the ring stays whole and the launch ends.
-      if (is_first_linear(ref.kind)) {
+      const bool first_linear = is_first_linear(ref.kind);
+      const auto publish_tile = [&](uint32_t stage) { *s.unit_tile(stage) = UnitTile{tile, first_linear}; };
+      if (first_linear) {
         const gemm::WorkUnit work{tile, 0, 0, 1, {0, params.l1[0].args.k_blocks}};
-        gemm::issue_unit<Config>(s.smem, ring, params.l1[tile.job], work, unit);
+        gemm::issue_unit<Config>(s.smem, ring, params.l1[tile.job], work, unit, publish_tile);
       } else {
         const gemm::WorkUnit work{tile, 0, 0, 1, {0, params.l2[0].args.k_blocks}};
-        gemm::issue_unit<Config>(s.smem, ring, params.l2[tile.job], work, unit);
+        gemm::issue_unit<Config>(s.smem, ring, params.l2[tile.job], work, unit, publish_tile);
       }
     }
     if (!__shfl_sync(0xFFFFFFFFu, ok, 0)) break;
@@ -307,9 +342,8 @@ __device__ void convert_fused(FusedScheduler<Config>& s, uint32_t thread, uint32
       if (lane == 0) cuda::ptx::mbarrier_arrive(s.smem.full(ring.stage));  // completes the last stage
       return;
     }
-    const UnitRef ref = s.classify(index);
     const uint32_t k_blocks =
-        is_first_linear(ref.kind) ? s.params.l1[0].args.k_blocks : s.params.l2[0].args.k_blocks;
+        s.unit_tile(ring.stage)->first_linear ? s.params.l1[0].args.k_blocks : s.params.l2[0].args.k_blocks;
     for (uint32_t kb = 0; kb < k_blocks; ++kb) {
       gemm::wait_barrier<Config>(s.smem.raw_full(ring.stage), ring.phase, watch, ring.stage);
       gemm::expand_weight_tile(s.smem, ring.stage, thread);
@@ -396,25 +430,23 @@ __device__ void dispatch_fused(const FusedScheduler<Config>& s, uint32_t thread,
 
 // After a math warpgroup's epilogue of a GEMM unit: counts the tile done for what waits on it.
 template <class Config>
-__device__ void signal_tile_done(const FusedScheduler<Config>& s, const UnitRef& ref, const gemm::Tile& tile,
+__device__ bool signal_tile_done(const FusedScheduler<Config>& s, bool first_linear, const gemm::Tile& tile,
                                  uint32_t math_warpgroup, uint32_t math_thread) {
   // The warpgroup's stores are ordered before one thread's release by the barrier: the other threads
   // go on (a fence in every thread stalled each of them until its own stores had landed).
-  const bool second_linear = !is_first_linear(ref.kind);
+  const bool second_linear = !first_linear;
   gemm::warpgroup_barrier(math_warpgroup);
-  if (math_thread % 128 != 0) return;
+  if (math_thread % 128 != 0) return false;
   cuda::ptx::fence_proxy_async();
   if (second_linear) __threadfence_system();  // results in peers' combine slots
+  const SignalTargets& targets = *s.signal_targets();
   if (!second_linear) {
-    const FusedCounters counters = s.counters();
-    uint32_t* counter = ref.kind == UnitKind::routed_l1 ? counters.l1_done : counters.shared_l1_done;
+    uint32_t* counter = tile.job == 0 ? targets.l1_done : targets.shared_l1_done;
     cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(counter[s.token_tile(tile)])
         .fetch_add(1, cuda::memory_order_release);
-    return;
+    return false;
   }
-  // The last L2 tile of this rank tells every rank its results have landed.
-  if (device::atomic_add_acq_rel_sys(&s.control()->fused_l2_done, 1u) + 1 == 2 * s.l2_units())
-    device::rank_arrive(s.view(), s.control(), s.epoch(2));
+  return device::atomic_add_acq_rel_sys(&targets.control->fused_l2_done, 1u) + 1 == targets.l2_tiles;
 }
 
 // The math warpgroups: GEMM units from the ring; then, from the unit the producer handed over, the
@@ -431,13 +463,14 @@ __device__ void math_fused(FusedScheduler<Config>& s, uint32_t math_warpgroup, u
   constexpr uint32_t kNoStagger = ~0u;
   const gemm::PipelineWatch& watch = params.l1[0].args.watch;
   uint32_t index = 0;
+  bool last_l2_tile = false;
   for (bool first_gemm = true;; first_gemm = false) {
     index = gemm::next_unit(s.smem, ring, watch);
     if ((index & kEndBit) != 0) break;
-    const UnitRef ref = s.classify(index);
-    const gemm::Tile tile = s.tile(ref);
+    const UnitTile& unit = *s.unit_tile(ring.stage);
+    const gemm::Tile tile = unit.tile;
+    const bool first_linear = unit.first_linear != 0;
     if (kStaggered && math_warpgroup == 1 && first_gemm) gemm::stagger_wait();
-    const bool first_linear = is_first_linear(ref.kind);
     const uint32_t k_blocks = first_linear ? params.l1[0].args.k_blocks : params.l2[0].args.k_blocks;
     const uint32_t stagger_kb =
         kStaggered && math_warpgroup == 0 && first_gemm ? min(gemm::kStaggerKBlocks, k_blocks - 1) : kNoStagger;
@@ -453,8 +486,12 @@ __device__ void math_fused(FusedScheduler<Config>& s, uint32_t math_warpgroup, u
                                stagger_kb, acc);
     if (first_linear) l1.epilogue.apply(s.smem, tile, acc, l1_prefetched, math_warpgroup, warp, lane, math_thread);
     else l2.epilogue.apply(s.smem, tile, acc, l2_prefetched, math_warpgroup, warp, lane, math_thread);
-    signal_tile_done(s, ref, tile, math_warpgroup, math_thread);
+    last_l2_tile |= signal_tile_done(s, first_linear, tile, math_warpgroup, math_thread);
   }
+  // The last L2 tile of this rank tells every rank its results have landed: at the loop's end, which
+  // follows at once (it was the last GEMM unit), since the arrival's code inside the loop held
+  // registers through the mainloop.
+  if (last_l2_tile) device::rank_arrive(s.view(), s.control(), s.epoch(2));
   // Combine: each token once every rank's L2 tiles are done.
   const combine::CombineArgs& c = params.combine;
   for (index &= ~kEndBit; index != (gemm::kNoUnit & ~kEndBit) && s.classify(index).kind == UnitKind::combine;) {
@@ -522,6 +559,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   FusedScheduler<Config> s{params, smem};
   if (thread == 0) {
     *s.built_flag() = 0;
+    const FusedCounters counters = s.counters();
+    *s.signal_targets() = SignalTargets{s.control(), counters.l1_done, counters.shared_l1_done, 0};
     for (uint32_t slot = 0; slot < kQueueSlots; ++slot) {
       cuda::ptx::mbarrier_init(s.queue_full(slot), 1);
       cuda::ptx::mbarrier_init(s.queue_empty(slot), 1);

@@ -87,16 +87,25 @@ __device__ uint32_t next_unit(const SharedStorage<Config>& smem, const RingPosit
   return *smem.unit_slot(ring.stage);
 }
 
-// Loads work unit `index` (its K blocks' stages) into the ring: one thread.
-template <class Config, class Epilogue>
+// Loads work unit `index` (its K blocks' stages) into the ring: one thread. on_claim(stage) runs once
+// the unit's first stage is free, before the walkers learn of the unit: what it writes beside the
+// unit slot, they read with it.
+struct NoClaimWork {
+  __device__ void operator()(uint32_t) const {}
+};
+template <class Config, class Epilogue, class OnClaim = NoClaimWork>
 __device__ __forceinline__ void issue_unit(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
-                                           const GemmJob<Epilogue>& job, const WorkUnit& unit, uint32_t index) {
+                                           const GemmJob<Epilogue>& job, const WorkUnit& unit, uint32_t index,
+                                           const OnClaim& on_claim = {}) {
   const Tile& tile = unit.tile;
   const MainloopArgs& args = job.args;
   const int32_t weight_row = static_cast<int32_t>(tile.group * args.n_out + tile.m_tile * Config::kBlockM);
   for (uint32_t kb = unit.k_blocks.begin; kb < unit.k_blocks.end; ++kb) {
     wait_barrier<Config>(smem.empty(ring.stage), ring.phase ^ 1, args.watch, ring.stage);
-    if (kb == unit.k_blocks.begin) *smem.unit_slot(ring.stage) = index;
+    if (kb == unit.k_blocks.begin) {
+      *smem.unit_slot(ring.stage) = index;
+      on_claim(ring.stage);
+    }
     cuda::ptx::mbarrier_arrive(smem.unit_ready(ring.stage));
     uint64_t* full = smem.full(ring.stage);
     const uint32_t stage_bytes = Config::kStageTxBytes;  // by value: the wrapper takes a reference
@@ -307,7 +316,7 @@ __device__ void consume_weights_on_m_width(const SharedStorage<Config>& smem, Ri
   const uint32_t first_row_block = (tile.group * args.n_out + tile.m_tile * Config::kBlockM) / 64 + 2 * warpgroup;
   const uint32_t group_row_blocks_end = (tile.group + 1) * args.n_out / 64;
 
-  const PipelineWatch watch = args.watch;
+  const PipelineWatch& watch = args.watch;
   // Scaled recipes: the two weight-block scales of K block kb + 1 are loaded during kb, off the
   // path from each wgmma wait to its promotion.
   float next_scales[2] = {};
@@ -405,7 +414,7 @@ __device__ void consume_tokens_on_m_scaled(const SharedStorage<Config>& smem, Ri
   const uint32_t scale_stride = args.k_blocks;
   const uint32_t valid_blocks = min(4u, group_row_blocks_end - first_row_block);
   const float* block_scales = args.weight_scales + first_row_block * scale_stride;
-  const PipelineWatch watch = args.watch;
+  const PipelineWatch& watch = args.watch;
   // fp8: warpgroup 0 lets warpgroup 1 start once its first half of K block stagger_kb has completed,
   // so that each warpgroup's halves fall between the other's instead of in step with them (both
   // promoting at once leaves the tensor cores idle). Not fp8_fp4: its stages complete when the
@@ -450,7 +459,7 @@ __device__ void consume_tokens_on_m_unscaled(const SharedStorage<Config>& smem, 
                                              uint32_t lane, uint32_t stagger_kb, float (&acc)[2][Config::kAccRegs]) {
   using Mma = typename Config::Policy::template Mma<2 * 128>;
   float(&tile_acc)[2 * Config::kAccRegs] = reinterpret_cast<float(&)[2 * Config::kAccRegs]>(acc);
-  const PipelineWatch watch = args.watch;
+  const PipelineWatch& watch = args.watch;
   uint32_t held_stage = 0;
   for_each_k_block<true>(ring, k_blocks, [&](uint32_t stage, uint32_t phase, uint32_t kb) {
     if (kb == stagger_kb) stagger_arrive();
