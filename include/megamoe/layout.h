@@ -67,6 +67,8 @@ enum DeviceErrorCode : uint32_t {
                                 //   timeout in ms (except kWaitGemmStage, whose `detail` is the stage)
   kDeviceBadExpertId = 2,       // topk_idx held an id outside [-1, num_experts): `seen` = id, `detail` = token, `choice` = k
   kDeviceSlotOverflow = 3,      // more routes to one (expert, source rank) than a token count allows
+  kDeviceCapacityExceeded = 4,  // rank `peer` received `seen` routes, more than Problem::recv_capacity
+                                //   (`expected`): the call did nothing on any rank
 };
 
 // Where a spin-wait was waiting (DeviceError::site).
@@ -113,6 +115,9 @@ struct ControlBlock {
   uint32_t fused_claims;
   uint32_t fused_sends_done;
   uint32_t fused_l2_done;
+  // Set by a rank whose received routes exceed the capacity, in its own and every peer's block,
+  // before its L2-done arrival: then no rank writes y. Cleared by check_device_error.
+  uint32_t capacity_exceeded_by;  // 0, or 1 + that rank
 };
 
 // The fused schedule's counters (region fused_counters), for token tiles of at least
@@ -134,7 +139,8 @@ struct BufferLayout {
   // Derived sizes.
   uint32_t experts_per_rank = 0;
   uint32_t max_tokens = 0;          // max_tokens_per_rank rounded up to a multiple of 4
-  uint32_t pool_rows = 0;           // capacity of the expert-major pools
+  uint32_t recv_capacity = 0;       // routes a call may send this rank (recv_capacity_rows)
+  uint32_t pool_rows = 0;           // rows of the expert-major pools: recv_capacity and a tile's overhang
   uint32_t hidden_blocks = 0;       // hidden / 128
   uint32_t intermediate_blocks = 0; // intermediate / 128
   uint32_t shared_intermediate = 0; // num_shared_experts * intermediate
@@ -154,13 +160,20 @@ struct BufferLayout {
     return static_cast<uint64_t>(p.num_ranks) * static_cast<uint64_t>(p.max_tokens_per_rank) *
            static_cast<uint64_t>(p.max_routes_per_token_to_rank());
   }
+  // The routes a call may send one rank: Problem::recv_capacity, or the worst case (0, or larger).
+  MEGAMOE_HD static uint64_t recv_capacity_rows(const Problem& p) {
+    const uint64_t worst = worst_case_pool_rows(p);
+    const uint64_t capacity = p.recv_capacity > 0 ? static_cast<uint64_t>(p.recv_capacity) : worst;
+    return capacity < worst ? capacity : worst;
+  }
 
   MEGAMOE_HD static BufferLayout make(const Problem& p) {
     BufferLayout l;
     const bool scaled = p.recipe != Recipe::bf16;
     l.experts_per_rank = static_cast<uint32_t>(p.experts_per_rank());
     l.max_tokens = static_cast<uint32_t>(align_up(static_cast<uint64_t>(p.max_tokens_per_rank), 4));
-    l.pool_rows = static_cast<uint32_t>(align_up(worst_case_pool_rows(p) + kPoolRowAlign - 1, kPoolRowAlign));
+    l.recv_capacity = static_cast<uint32_t>(recv_capacity_rows(p));
+    l.pool_rows = static_cast<uint32_t>(align_up(uint64_t{l.recv_capacity} + kPoolRowAlign - 1, kPoolRowAlign));
     l.hidden_blocks = static_cast<uint32_t>(p.hidden / kScaleBlock);
     l.intermediate_blocks = static_cast<uint32_t>(p.intermediate / kScaleBlock);
     l.shared_intermediate = static_cast<uint32_t>(p.num_shared_experts * p.intermediate);

@@ -18,6 +18,11 @@ struct Problem {
   int32_t intermediate = 0;         // per expert; L1 produces 2 * intermediate (gate and up)
   int32_t num_shared_experts = 0;   // always-on experts computed on every rank for its own tokens
   int32_t max_tokens_per_rank = 0;  // the buffer is sized for this; a call may pass fewer tokens
+  // Routes this rank's expert pools hold per call (rows received from all ranks). 0: the worst case,
+  // every rank sending every token here, which any routing fits. A smaller capacity shrinks the
+  // buffer (BufferLayout), and a call whose routing sends some rank more refuses on every rank:
+  // no y written, and check_device_error raises kDeviceCapacityExceeded.
+  int64_t recv_capacity = 0;
   Recipe recipe = Recipe::fp8;
   // Streaming chunk-ready front ring (docs/streaming.md); zero slots means the batch-ready path only.
   int32_t front_num_slots = 0;
@@ -28,6 +33,9 @@ struct Problem {
   MEGAMOE_HD int32_t local_expert(int32_t expert) const { return expert % experts_per_rank(); }
   // Combine slots per token: one per top-k choice plus one for the shared experts' sum.
   MEGAMOE_HD int32_t combine_slots() const { return top_k + 1; }
+  // The routes one rank receives per call when every rank routes uniformly: a capacity of a small
+  // multiple of this fits ordinary routing (recv_capacity).
+  MEGAMOE_HD int64_t mean_recv_routes() const { return int64_t{max_tokens_per_rank} * top_k; }
   // A token sends at most this many routes to one rank (its top-k ids are distinct).
   MEGAMOE_HD int32_t max_routes_per_token_to_rank() const {
     return top_k < experts_per_rank() ? top_k : experts_per_rank();

@@ -78,6 +78,12 @@ std::string describe(const DeviceError& error) {
       out << "more routes to one (expert, source rank) than a token count allows (at most " << error.expected
           << ", saw " << error.seen << ")";
       break;
+    case kDeviceCapacityExceeded:
+      out << "rank " << error.peer << " received ";
+      if (error.seen != 0) out << error.seen << " routes, more than its receive capacity " << error.expected;
+      else out << "more routes than its receive capacity";
+      out << " (Problem::recv_capacity): the call was refused on every rank and wrote no output";
+      break;
     default:
       out << "unknown device error code " << error.code << " (site " << error.site << ", peer " << error.peer
           << ", detail " << error.detail << ", expected " << error.expected << ", seen " << error.seen << ")";

@@ -211,6 +211,8 @@ void SymmBuffer::check_device_error(cudaStream_t stream) {
   MEGAMOE_CHECK_CUDA(cudaMemsetAsync(&control->error, 0, sizeof(DeviceError), stream));
   MEGAMOE_CHECK_CUDA(cudaMemsetAsync(&control->grid_barrier_count, 0, sizeof(control->grid_barrier_count), stream));
   MEGAMOE_CHECK_CUDA(cudaMemsetAsync(&control->finished_blocks, 0, sizeof(control->finished_blocks), stream));
+  MEGAMOE_CHECK_CUDA(
+      cudaMemsetAsync(&control->capacity_exceeded_by, 0, sizeof(control->capacity_exceeded_by), stream));
   MEGAMOE_CHECK_CUDA(cudaMemsetAsync(layout_.send_count(view_.local()), 0,
                                      layout_.control.bytes - sizeof(ControlBlock), stream));
   MEGAMOE_CHECK_CUDA(cudaMemsetAsync(view_.local() + layout_.gemm_split.offset, 0, layout_.gemm_split.bytes, stream));

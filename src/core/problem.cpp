@@ -10,6 +10,7 @@ namespace megamoe {
 
 namespace {
 constexpr int32_t kMaxTokensPerRank = 1 << 20;
+constexpr int64_t kMaxRecvCapacity = int64_t{1} << 31;
 // token * top_k + k is stored in 32 bits (src_index, PoolSource), so the token limit keeps it there.
 static_assert(int64_t{kMaxTokensPerRank} * kMaxTopK < (int64_t{1} << 31));
 // Keeps every derived count in 32 bits: 2 * intermediate W1 rows, num_shared_experts * intermediate
@@ -38,6 +39,8 @@ void validate(const Problem& p) {
           "must be in [0, ", kMaxSharedExperts, "], got ", p.num_shared_experts);
   require(p.max_tokens_per_rank >= 1 && p.max_tokens_per_rank <= kMaxTokensPerRank, "max_tokens_per_rank",
           "must be in [1, ", kMaxTokensPerRank, "], got ", p.max_tokens_per_rank);
+  require(p.recv_capacity >= 0 && p.recv_capacity <= kMaxRecvCapacity, "recv_capacity",
+          "must be in [0, ", kMaxRecvCapacity, "] (0: the worst case), got ", p.recv_capacity);
   require(p.front_num_slots >= 0, "front_num_slots", "must not be negative, got ", p.front_num_slots);
   require(p.front_num_slots == 0 || p.front_tokens_per_slot >= 1, "front_tokens_per_slot",
           "must be at least 1 when front_num_slots > 0, got ", p.front_tokens_per_slot);
@@ -67,7 +70,7 @@ uint64_t fingerprint(const Problem& p) {
   for (int64_t field : {int64_t{kLibraryVersion}, int64_t{p.num_ranks}, int64_t{p.num_experts}, int64_t{p.top_k},
                         int64_t{p.hidden}, int64_t{p.intermediate}, int64_t{p.num_shared_experts},
                         int64_t{p.max_tokens_per_rank}, int64_t(p.recipe), int64_t{p.front_num_slots},
-                        int64_t{p.front_tokens_per_slot}}) {
+                        int64_t{p.front_tokens_per_slot}, p.recv_capacity}) {
     fnv.add(static_cast<uint64_t>(field));
   }
   fnv.add(BufferLayout::make(p).total_bytes);
@@ -79,6 +82,7 @@ std::string describe(const Problem& p) {
   out << "ranks=" << p.num_ranks << " rank=" << p.rank << " experts=" << p.num_experts << " top_k=" << p.top_k
       << " hidden=" << p.hidden << " intermediate=" << p.intermediate << " shared=" << p.num_shared_experts
       << " max_tokens_per_rank=" << p.max_tokens_per_rank << " recipe=" << to_string(p.recipe);
+  if (p.recv_capacity > 0) out << " recv_capacity=" << p.recv_capacity;
   if (p.front_num_slots > 0) out << " front_slots=" << p.front_num_slots << "x" << p.front_tokens_per_slot;
   return out.str();
 }

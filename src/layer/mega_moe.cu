@@ -133,7 +133,7 @@ struct CallPlan {
     staged = {{staged_copy(in.x, local + l.x.offset),
                p.recipe != Recipe::bf16 ? staged_copy(in.x_scales, local + l.x_scales.offset) : dispatch::StagedCopy{},
                staged_copy(in.topk_weights, local + l.topk_weights.offset)}};
-    combine = {l.control_block(local), BufferLayout::at<uint16_t>(local, l.combine), in.topk_idx.as<int32_t>(),
+    combine = {l.control_block(local), p.rank, BufferLayout::at<uint16_t>(local, l.combine), in.topk_idx.as<int32_t>(),
                y.as<uint16_t>(), in.num_tokens, p.top_k, p.num_experts, p.hidden, p.num_shared_experts > 0};
     tokens = static_cast<uint32_t>(in.num_tokens);
     expected_rows = static_cast<uint32_t>(std::max<int64_t>(

@@ -67,6 +67,20 @@ TEST(DescribeDeviceError, OtherCodes) {
   bad.seen = static_cast<uint32_t>(-5);
   EXPECT_EQ(describe(bad),
             "rank 2, block 3, thread 4: token 12, choice 3 routes to expert id -5, outside [-1, num_experts)");
+  DeviceError refused{};
+  refused.code = kDeviceCapacityExceeded;
+  refused.rank = 1;
+  refused.peer = 1;
+  refused.seen = 70000;
+  refused.expected = 65536;
+  EXPECT_EQ(describe(refused),
+            "rank 1, block 0, thread 0: rank 1 received 70000 routes, more than its receive capacity 65536 "
+            "(Problem::recv_capacity): the call was refused on every rank and wrote no output");
+  refused.rank = 0;  // a peer of the refusing rank knows only who refused
+  refused.seen = 0;
+  EXPECT_EQ(describe(refused),
+            "rank 0, block 0, thread 0: rank 1 received more routes than its receive capacity "
+            "(Problem::recv_capacity): the call was refused on every rank and wrote no output");
   DeviceError unknown{};
   unknown.code = 77;
   EXPECT_NE(describe(unknown).find("unknown device error code 77"), std::string::npos);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
@@ -197,6 +198,32 @@ TEST(BufferLayout, PoolHasRoomForTheLastTile) {
       EXPECT_LT(rows, worst + 2 * kPoolRowAlign) << "no more slack than needed";
     }
   }
+}
+
+// A receive capacity bounds the expert pools: their rows are the capacity plus a tile's overhang,
+// the worst case caps it, and the total shrinks by the pools' bytes per row saved.
+TEST(BufferLayout, RecvCapacityBoundsThePools) {
+  Problem p = deepseek_v3();
+  p.num_ranks = 8;
+  const BufferLayout worst = BufferLayout::make(p);
+  EXPECT_EQ(worst.recv_capacity, 8u * 8192 * 8);
+  p.recv_capacity = 2 * p.mean_recv_routes();  // 131072 routes: twice the uniform routing's
+  const BufferLayout bounded = BufferLayout::make(p);
+  EXPECT_EQ(bounded.recv_capacity, 131072u);
+  EXPECT_EQ(bounded.pool_rows, 131072u + 256);
+  expect_well_formed(bounded, "bounded");
+  // Per pool row: hidden + intermediate activation bytes, their scales, the source and the weight;
+  // and the fused schedule's counter per (at most) kFusedMinTokenTile rows.
+  const uint64_t row_bytes = 7168 + 2048 + 4 * (56 + 16) + sizeof(PoolSource) + 4;
+  const uint64_t saved_rows = uint64_t{worst.pool_rows} - bounded.pool_rows;
+  const uint64_t saved = saved_rows * row_bytes + saved_rows / kFusedMinTokenTile * 4;
+  EXPECT_GE(worst.total_bytes - bounded.total_bytes, saved - 16 * kRegionAlign);
+  EXPECT_LE(worst.total_bytes - bounded.total_bytes, saved + 16 * kRegionAlign);
+  std::printf("deepseek-v3, 8 ranks x 8192 tokens: %.2f GiB worst case, %.2f GiB at capacity 2x the mean\n",
+              worst.total_bytes / double(1ull << 30), bounded.total_bytes / double(1ull << 30));
+  // Larger than the worst case changes nothing.
+  p.recv_capacity = int64_t{1} << 30;
+  EXPECT_EQ(BufferLayout::make(p).total_bytes, worst.total_bytes);
 }
 
 TEST(BufferLayout, DeepSeekV3HandComputedSizes) {

@@ -168,6 +168,16 @@ TEST(Validate, LargestProblemKeepsRouteIndicesIn32Bits) {
   expect_rejected(p, "max_tokens_per_rank", {"[1, 1048576]"});
 }
 
+TEST(Validate, RecvCapacityRange) {
+  Problem p = valid_problem();
+  p.recv_capacity = -1;
+  expect_rejected(p, "recv_capacity", {"[0, 2147483648]", "the worst case", "got -1"});
+  p.recv_capacity = (int64_t{1} << 31) + 1;
+  expect_rejected(p, "recv_capacity", {"got 2147483649"});
+  p.recv_capacity = 1;
+  EXPECT_NO_THROW(validate(p));
+}
+
 TEST(Validate, FrontRingFields) {
   Problem p = valid_problem();
   p.front_num_slots = -1;
@@ -212,6 +222,7 @@ TEST(Fingerprint, ChangesWithEveryOtherField) {
          p.front_tokens_per_slot = 64;
        }},
       {"front_tokens_per_slot", [](Problem& p) { p.front_tokens_per_slot = 64; }},
+      {"recv_capacity", [](Problem& p) { p.recv_capacity = 100; }},
   };
   std::set<uint64_t> prints = {base_print};
   for (const auto& [field, change] : changes) {

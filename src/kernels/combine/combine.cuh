@@ -14,7 +14,8 @@
 namespace megamoe::combine {
 
 struct CombineArgs {
-  const ControlBlock* control;  // this rank's: a timeout earlier in the call stops combine
+  ControlBlock* control;  // this rank's: a timeout or a refused call (call_refused) stops combine
+  int32_t rank;
   const uint16_t* slots;    // this rank's combine region: [max_tokens][top_k + 1][hidden] bf16
   const int32_t* topk_idx;  // [num_tokens][top_k]
   uint16_t* y;              // [num_tokens][hidden] bf16

@@ -9,7 +9,9 @@ namespace megamoe::combine {
 __global__ void combine_kernel(const CombineArgs a) {
   wait_for_prior_kernels();
   allow_next_kernel();
-  if (device::rank_timed_out(a.control)) return;
+  if (device::rank_timed_out(a.control) ||
+      device::call_refused(a.control, a.rank, blockIdx.x == 0 && threadIdx.x == 0))
+    return;
   combine_tokens(a, 0, static_cast<uint32_t>(a.num_tokens), blockIdx.x * uint64_t{blockDim.x} + threadIdx.x,
                  uint64_t{gridDim.x} * blockDim.x);
 }

@@ -95,6 +95,22 @@ MEGAMOE_DEVICE void record_error(ControlBlock* control, const DeviceError& error
 MEGAMOE_DEVICE bool rank_timed_out(const ControlBlock* control) {
   return *static_cast<const volatile uint32_t*>(&control->error.code) == kDeviceTimeout;
 }
+// Whether some rank refused the call, its routes past its receive capacity (dispatch's refuse_call):
+// read after the L2-done barrier, which orders the refusing rank's flag before it. With `record` (one
+// thread), also records it on this rank, for its host, unless an error is recorded already.
+MEGAMOE_DEVICE bool call_refused(ControlBlock* control, int32_t rank, bool record) {
+  const uint32_t refused_by = *static_cast<const volatile uint32_t*>(&control->capacity_exceeded_by);
+  if (refused_by != 0 && record) {
+    DeviceError error{};
+    error.code = kDeviceCapacityExceeded;
+    error.rank = static_cast<uint32_t>(rank);
+    error.block = linear_block();
+    error.thread = linear_thread();
+    error.peer = refused_by - 1;
+    record_error(control, error);
+  }
+  return refused_by != 0;
+}
 
 // ---- Spin-waits ----
 

@@ -155,7 +155,9 @@ __device__ inline void send_counts(const DispatchArgs& a, uint32_t thread, uint3
   uint64_t* send_count = a.layout.send_count(a.view.local());
   for (uint32_t e = thread; e < num_experts; e += threads) {
     device::GpuRef<uint64_t> sent(send_count[e]);
-    const uint32_t count = static_cast<uint32_t>(sent.load(cuda::memory_order_relaxed));
+    // Routes past the table's room were dropped (kDeviceSlotOverflow): the owner pulls only those stored.
+    const uint64_t counted = sent.load(cuda::memory_order_relaxed);
+    const uint32_t count = static_cast<uint32_t>(counted < a.layout.max_tokens ? counted : a.layout.max_tokens);
     sent.store(0, cuda::memory_order_relaxed);
     uint32_t* slot = a.layout.recv_count_ptr(a.view.local(), e % experts_per_rank,
                                              static_cast<uint32_t>(a.view.rank), num_ranks);
@@ -188,10 +190,31 @@ struct PoolSegments {
   }
 };
 
+// A rank that received more routes than its pools hold (BufferLayout::recv_capacity) refuses the
+// call: it records the error and tells every rank, itself included, before anything reads the pools;
+// each rank's combine then leaves y alone (one thread; the flag is written before this rank's L2-done
+// arrival, which orders it for the peers).
+__device__ inline void refuse_call(const DispatchArgs& a, uint32_t received) {
+  ControlBlock* control = a.layout.control_block(a.view.local());
+  DeviceError error{};
+  error.code = kDeviceCapacityExceeded;
+  error.rank = static_cast<uint32_t>(a.view.rank);
+  error.block = blockIdx.x;
+  error.thread = threadIdx.x;
+  error.peer = static_cast<uint32_t>(a.view.rank);
+  error.expected = a.layout.recv_capacity;
+  error.seen = received;
+  device::record_error(control, error);
+  for (int32_t peer = 0; peer < a.view.num_ranks; ++peer)
+    device::st_release_sys(&a.view.map(control, peer)->capacity_exceeded_by, static_cast<uint32_t>(a.view.rank) + 1);
+}
+
 // Builds segment_begin[] from the received counts (thread `thread` of `threads`, barrier `sync`, warp 0
 // among them scans); with `publish`, also expert_rows in the buffer and the receive statistics.
+// False (every caller) when the routes exceed the receive capacity: the segments are then all empty,
+// and with `publish` expert_rows too, and the call is refused.
 template <class Sync>
-__device__ inline void build_segments(const DispatchArgs& a, uint32_t* segment_begin, uint32_t thread, uint32_t threads,
+__device__ inline bool build_segments(const DispatchArgs& a, uint32_t* segment_begin, uint32_t thread, uint32_t threads,
                                const Sync& sync, bool publish) {
   const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
   const uint32_t segments = a.layout.experts_per_rank * num_ranks;
@@ -205,6 +228,14 @@ __device__ inline void build_segments(const DispatchArgs& a, uint32_t* segment_b
   if (thread < 32)
     device::warp_exclusive_prefix(segments, thread, segment_begin, [&](uint32_t s) { return segment_begin[s]; });
   sync();
+  const uint32_t received = segment_begin[segments];
+  const bool fits = received <= a.layout.recv_capacity;
+  sync();  // every thread has read the total
+  if (!fits) {
+    for (uint32_t s = thread; s <= segments; s += threads) segment_begin[s] = 0;
+    if (publish && thread == 0) refuse_call(a, received);
+    sync();
+  }
   if (publish) {
     uint32_t* expert_rows = BufferLayout::at<uint32_t>(a.view.local(), a.layout.expert_rows);
     for (uint32_t e = thread; e <= a.layout.experts_per_rank; e += threads) {
@@ -213,6 +244,7 @@ __device__ inline void build_segments(const DispatchArgs& a, uint32_t* segment_b
         a.recv_stats[e] += segment_begin[(e + 1) * num_ranks] - segment_begin[e * num_ranks];
     }
   }
+  return fits;
 }
 
 // Pulls pool row `row` (warp-wide, `lane`): its source, then the row, its scales and its route weight

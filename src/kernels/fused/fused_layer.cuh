@@ -160,6 +160,15 @@ struct FusedScheduler {
     __syncwarp();
     device::warp_exclusive_prefix(groups, lane, begin, [&](uint32_t g) { return begin[g]; });
     __syncwarp();
+    // Past the receive capacity the call is refused: no routed tiles. Every CTA's producer tells the
+    // ranks before anything of this CTA can arrive at the L2-done barrier (refuse_call).
+    const uint32_t received = begin[groups];
+    __syncwarp();
+    if (received > params.dispatch.layout.recv_capacity) {
+      for (uint32_t g = lane; g <= groups; g += 32) begin[g] = 0;
+      if (lane == 0) dispatch::refuse_call(params.dispatch, received);
+      __syncwarp();
+    }
     device::warp_exclusive_prefix(groups, lane, token_tile_prefix(), [&](uint32_t g) {
       return (begin[g + 1] - begin[g] + kBlockN - 1) / kBlockN;
     });
@@ -495,8 +504,10 @@ __device__ void math_fused(FusedScheduler<Config>& s, uint32_t math_warpgroup, u
   // Combine: each token once every rank's L2 tiles are done.
   const combine::CombineArgs& c = params.combine;
   for (index &= ~kEndBit; index != (gemm::kNoUnit & ~kEndBit) && s.classify(index).kind == UnitKind::combine;) {
-    if (!group_flag(s.words(FusedTables::kMathFlag), math_thread, MathSync<Config>{},
-                    [&] { return device::rank_wait(s.view(), s.control(), s.epoch(2)); }))
+    if (!group_flag(s.words(FusedTables::kMathFlag), math_thread, MathSync<Config>{}, [&] {
+          return device::rank_wait(s.view(), s.control(), s.epoch(2)) &&
+                 !device::call_refused(s.control(), s.view().rank, true);
+        }))
       break;
     const TokenRange tokens =
         unit_tokens(s.classify(index).index, s.plan().tokens_per_combine, static_cast<uint32_t>(c.num_tokens));
