@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The one script run on the lent GPU machine: environment, then each named step, logs under $OUT.
 #   tools/gpu_check.sh STEP...   steps: info | sass BIN | test BIN [gtest args] | test-each BIN |
-#                                       tests DIR | ctest
+#                                       tests DIR | ctest | sanitize DIR OUTFILE | stress N
+#     sanitize DIR OUTFILE: every GPU test binary under DIR under the four compute-sanitizer tools
+#                           (reduced runs, 8 minutes in all), rows {binary, tool, errors, explained}
+#     stress N:             issue 33's run/dump/bench sequence N times, stopping at the first failure
+#                           ($MEGAMOE: the tool, default $BUILD/megamoe); $OUT/stress.json
 #   tools/gpu_check.sh clocks CMD...             CMD with the SM clock and board power logged
 #   tools/gpu_check.sh ncu NAME REGEX SKIP CMD...  one launch of a kernel, profiled (last step: takes the rest)
 # Binaries are built on this machine and carried with the call: copy the GPU test binaries, the
@@ -83,6 +87,147 @@ step_ncu() {
   wc -c "$OUT/$name.sass.csv"
 }
 
+# The head of a results file (/work/shared/bench-results.md's format) up to the rows' opening bracket.
+results_header() {
+  local device
+  device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | awk '{ name = $0; n++ } END { printf "%s x %d", name, n }')
+  printf '{\n  "benchmark": "%s",\n  "commit": "%s",\n  "device": "%s",\n  "command": "%s",\n  "date": "%s",\n  "rows": [\n' \
+    "$1" "${MEGAMOE_COMMIT:-unknown}" "$device" "$2" "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+}
+
+# The GPU test binaries under DIR (a build folder, or a folder the binaries were copied into): those
+# ctest labels gpu when DIR has a CTestTestfile.cmake, else every *_test.
+gpu_test_binaries() {
+  local dir=$1 names=""
+  if [ -f "$dir/CTestTestfile.cmake" ]; then
+    names=$(cd "$dir" && ctest -N -L gpu 2>/dev/null | sed -n 's/^ *Test *#[0-9]*: *//p')
+  fi
+  local binary base
+  while IFS= read -r binary; do
+    base=$(basename "$binary")
+    if [ -z "$names" ] || grep -q "^${base}\(_.*\)\?$" <<<"$names"; then echo "$binary"; fi
+  done < <(find "$dir" -maxdepth 3 -type f -name '*_test' -perm -u+x | sort)
+}
+
+# Reduced runs under the sanitizers (which slow wgmma kernels 10-1000x; racecheck most): a GoogleTest
+# filter per binary and tool, with MEGAMOE_TEST_QUICK=1 (small layer cases, few calls).
+sanitize_filter() {
+  local base=$1 tool=$2
+  case $base in
+    grouped_gemm_test)
+      if [ "$tool" = memcheck ]; then echo '*TokenTile16*:*TokensOnMFromFortyRows*:*SplitKDecode*:*AllGroupsEmpty*'
+      else echo '*TokenTile16Swiglu/*:*TokensOnMFromFortyRowsStore/*'; fi ;;
+    layer_emulated_test)
+      if [ "$tool" = memcheck ]; then echo '*EveryCase/2_ranks'; else echo '*EveryCase/1_ranks'; fi ;;
+    layer_process_test) echo '*EveryCase/1_gpus' ;;
+    comm_emulated_test) echo '*/2ranks:EmulatedLauncher.*:-*10000Times*:*100Times*:*Timeout*' ;;
+    comm_process_test) echo '*/1gpus:-*10000Times*' ;;
+    *) echo '*' ;;
+  esac
+}
+
+# compute-sanitizer's reports in LOG, one record per "========= " line that starts a report; those from
+# NCCL's own host-side probes at communicator creation (no kernel image for this device in
+# ncclInitKernelsForDevice, cuMemCreate not permitted) are counted apart. Prints "ERRORS FILTERED".
+count_reports() {
+  awk '
+    function close_record() { if (open) { if (nccl) filtered++; else errors++ } open = 0; nccl = 0 }
+    /^========= [^ ]/ && !/ERROR SUMMARY|RACECHECK SUMMARY|COMPUTE-SANITIZER|LEAK SUMMARY/ { close_record(); open = 1 }
+    /^========= *$/ { close_record() }
+    open && (/ncclInitKernelsForDevice/ || (/cuMemCreate/ && /NOT_PERMITTED/)) { nccl = 1 }
+    END { close_record(); printf "%d %d\n", errors, filtered }
+  ' "$1"
+}
+
+# Every GPU test binary under DIR under memcheck, racecheck, synccheck and initcheck (reduced runs);
+# rows {binary, tool, errors, explained, filtered, exit, seconds} in OUTFILE. Runs that did not start
+# within the step's 8 minutes are rows with errors -1 and the reason in explained.
+step_sanitize() {
+  local dir=$1 outfile=$2 budget=480 start=$SECONDS first=1
+  local binaries; mapfile -t binaries < <(gpu_test_binaries "$dir")
+  if [ ${#binaries[@]} -eq 0 ]; then echo "sanitize: no GPU test binaries under $dir"; status=1; return; fi
+  mkdir -p "$(dirname "$outfile")"
+  results_header sanitizer "tools/gpu_check.sh sanitize $dir $outfile" >"$outfile"
+  local binary tool runs_left=$((4 * ${#binaries[@]}))
+  for tool in memcheck racecheck synccheck initcheck; do
+    for binary in "${binaries[@]}"; do
+      local base; base=$(basename "$binary")
+      local log="$OUT/sanitize-$tool-$base.log" errors=-1 filtered=0 rc=-1 explained="" took=0
+      local left=$((budget - (SECONDS - start)))
+      # Each run may take twice its even share of what is left (at least 15 s), so that a slow run
+      # cannot starve the tools after it.
+      local cap=$((2 * left / runs_left))
+      [ $cap -ge 15 ] || cap=15
+      [ $cap -le $left ] || cap=$left
+      runs_left=$((runs_left - 1))
+      if [ $left -lt 10 ]; then
+        explained="not run: the step's ${budget} s were spent"
+      else
+        local t0=$SECONDS
+        MEGAMOE_TEST_QUICK=1 MEGAMOE_TIMEOUT_MS=120000 timeout "$cap" \
+          compute-sanitizer --tool "$tool" --target-processes all "$binary" --gtest_color=no \
+          --gtest_filter="$(sanitize_filter "$base" "$tool")" >"$log" 2>&1
+        rc=$?
+        took=$((SECONDS - t0))
+        read -r errors filtered < <(count_reports "$log")
+        if [ $rc -eq 124 ]; then explained="timed out after ${took} s; reports until then counted"
+        elif [ "$filtered" -gt 0 ]; then explained="$filtered NCCL host-side probe reports at communicator creation filtered"; fi
+      fi
+      printf '%s    {"binary": "%s", "tool": "%s", "errors": %d, "explained": "%s", "filtered": %d, "exit": %d, "seconds": %d}' \
+        "$([ $first -eq 1 ] || echo ',')" "$base" "$tool" "$errors" "$explained" "$filtered" "$rc" "$took" >>"$outfile"
+      printf '\n' >>"$outfile"
+      first=0
+      printf '%-10s %-22s errors %3d filtered %3d exit %4d %4d s %s\n' "$tool" "$base" "$errors" "$filtered" "$rc" \
+        "$took" "$explained"
+      if [ "$errors" -ne 0 ] || { [ $rc -ne 0 ] && [ $rc -ne 124 ]; }; then
+        status=1
+        grep -E "^========= [^ ]" "$log" | grep -vE "SUMMARY|COMPUTE-SANITIZER|NoKernelImageForDevice|cuMemCreate" | head -5
+      fi
+    done
+  done
+  printf '  ]\n}\n' >>"$outfile"
+  echo "wrote $outfile"
+}
+
+# The sequence that once ended in an illegal address (issue 33), reduced, N times; stops at the first
+# failing command and prints its output. MEGAMOE: the tool (megamoe_layer_bench beside it or in its
+# bench/layer/). Writes $OUT/stress.json, one row {runs, failures, failed_command, first_failure}.
+step_stress() {
+  local n=$1 megamoe=${MEGAMOE:-$BUILD/megamoe} run=0 failure="" failed_command=""
+  local dump="$OUT/stress-dump" log="$OUT/stress.log"
+  local commands=(
+    "$megamoe run --preset deepseek-v3 --tokens 8 --ranks 2"
+    "$megamoe run --preset tiny --tokens 300 --ranks 2 --backend gpu --dump $dump --recipe fp8"
+    "$megamoe run --preset tiny --tokens 300 --ranks 2 --backend gpu --dump $dump --recipe bf16"
+    "$megamoe run --preset tiny --tokens 300 --ranks 2 --backend gpu --dump $dump --recipe fp8_fp4"
+    "$megamoe bench --preset deepseek-v3 --ranks 1 --tokens 1,8,128,512,2048,8192 --repeats 3 --out $OUT/stress-bench.json"
+  )
+  while [ $run -lt "$n" ] && [ -z "$failure" ]; do
+    local command
+    for command in "${commands[@]}"; do
+      rm -rf "$dump"
+      # shellcheck disable=SC2086  # each command is a word list
+      timeout 300 $command >"$log" 2>&1
+      local rc=$?
+      if [ $rc -ne 0 ] || grep -qiE "illegal (memory )?address|cudaError|compute-sanitizer" "$log"; then
+        failure="exit $rc: $(grep -iE "error|illegal" "$log" | head -1 | tr -d '"\134')"  # no quote or backslash in the JSON
+        failed_command=$command
+        echo "stress: run $((run + 1)) failed: $command"
+        tail -30 "$log"
+        break
+      fi
+    done
+    [ -n "$failure" ] || run=$((run + 1))
+  done
+  echo "stress: $run of $n runs passed${failure:+; failed: $failed_command}"
+  {
+    results_header stress "tools/gpu_check.sh stress $n"
+    printf '    {"runs": %d, "failures": %d, "failed_command": "%s", "first_failure": "%s"}\n  ]\n}\n' "$run" \
+      "$([ -n "$failure" ] && echo 1 || echo 0)" "$failed_command" "$failure"
+  } >"$OUT/stress.json"
+  [ -z "$failure" ] || status=1
+}
+
 while [ $# -gt 0 ]; do
   step=$1; shift
   case $step in
@@ -94,6 +239,8 @@ while [ $# -gt 0 ]; do
     tests) for binary in "$1"/*_test; do step_test "$binary"; done; shift ;;
     ctest) (cd "$BUILD" && timeout 560 ctest -L gpu --output-on-failure >"$OUT/ctest.log" 2>&1); rc=$?
            tail -30 "$OUT/ctest.log"; [ $rc -eq 0 ] || status=1 ;;
+    sanitize) step_sanitize "$1" "$2"; shift 2 ;;
+    stress) step_stress "$1"; shift ;;
     clocks) step_clocks "$@"; shift $# ;;
     ncu) step_ncu "$@"; shift $# ;;
     *) echo "unknown step $step"; exit 2 ;;

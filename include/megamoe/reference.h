@@ -10,7 +10,8 @@
 //   o      = BF16(W2[e] . a')               written to combine slot k of the token
 // Shared experts (concatenated into one MLP of S*I channels, route weight 1) write slot top_k.
 //   y[token] = BF16(sum of the token's written slots, in FP32, slots in order 0..top_k)
-// Masked routes (-1) write nothing and add nothing.
+// Masked routes (-1) write nothing and add nothing. An expert named in two slots of a token runs twice,
+// once per slot with that slot's weight, and the token sums both.
 #pragma once
 
 #include <cstdint>
@@ -33,8 +34,10 @@ struct RankBatch {
 };
 
 // Throws megamoe::Error naming the field and the rule: sizes, token count over max_tokens_per_rank,
-// an expert id outside [-1, num_experts) (with its token and slot), a repeated expert in one token's
-// top-k, a weight that is NaN or infinite, a non-positive or non-finite activation scale.
+// an expert id outside [-1, num_experts) (with its token and slot), more than max_tokens_per_rank
+// routes to one expert (possible only when tokens repeat an expert: a repeated expert is valid, each
+// slot is its own route with its own weight), a weight that is NaN or infinite, a non-positive or
+// non-finite activation scale.
 void validate_batch(const Problem& problem, const RankBatch& batch, int32_t rank);
 
 // Supplies canonical stored weights on demand, so large models need not be resident at once.
@@ -48,6 +51,9 @@ class WeightSource {
 struct ReferenceResult {
   std::vector<std::vector<uint16_t>> y;            // per rank: [tokens][hidden] BF16
   std::vector<std::vector<uint32_t>> recv_counts;  // per rank: routes received by each local expert
+  // With ReferenceOptions::keep_slots, per rank: [tokens][top_k + 1][hidden] BF16, each combine slot
+  // (the routes, then the shared experts) as summed into y, 0 where nothing was written.
+  std::vector<std::vector<uint16_t>> slots;
 };
 
 struct ReferenceOptions {
@@ -60,6 +66,7 @@ struct ReferenceOptions {
   // Before SwiGLU, as LayerInputs::activation_clamp: 0 or +infinity is no clamp; negative or NaN is
   // an argument error.
   float activation_clamp = 0.0f;
+  bool keep_slots = false;  // fill ReferenceResult::slots (what each route added to y)
 };
 
 // `problem.rank` is ignored: all ranks are computed. batches.size() must equal num_ranks.

@@ -67,9 +67,11 @@ def test_batch_errors_name_the_field():
     bad[0]["topk_idx"][1, 0] = 8
     with pytest.raises(ValueError, match=r"batches\[0\]\.topk_idx: expert id 8 at token 1"):
         ref.cpp_mega_moe(p, bad, weights)
-    bad[0]["topk_idx"][1] = [3, 3]
-    with pytest.raises(ValueError, match="repeats expert 3"):
-        ref.cpp_mega_moe(p, bad, weights)
+    bad[0]["topk_idx"][1] = [3, 3]  # a repeated expert is valid: one route per slot
+    ref.cpp_mega_moe(p, bad, weights)
+    bad[0]["topk_idx"][:] = 3  # six routes to expert 3, room for max_tokens_per_rank = 3
+    with pytest.raises(ValueError, match=r"expert 3 gets more than max_tokens_per_rank = 3"):
+        ref.cpp_mega_moe(problem(max_tokens_per_rank=3), bad, weights)
     bad = [dict(b) for b in batches]
     bad[0]["topk_weights"] = bad[0]["topk_weights"].copy()
     bad[0]["topk_weights"][0, 0] = np.nan

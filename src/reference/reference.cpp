@@ -263,15 +263,20 @@ void validate_batch(const Problem& p, const RankBatch& batch, int32_t rank) {
   require(batch.topk_weights.size() == tokens * top_k, weights_name.c_str(), "must hold num_tokens * top_k = ",
           tokens * top_k, " weights, got ", batch.topk_weights.size());
 
+  // A token may name one expert in several slots (each is its own route); what bounds repeats is
+  // the room the buffer has for one rank's routes to one expert.
+  std::vector<int32_t> routes_to(static_cast<size_t>(p.num_experts), 0);
   for (uint64_t t = 0; t < tokens; ++t) {
     const int32_t* ids = batch.topk_idx.data() + t * top_k;
     const float* weights = batch.topk_weights.data() + t * top_k;
     for (uint64_t k = 0; k < top_k; ++k) {
       require(ids[k] >= -1 && ids[k] < p.num_experts, idx_name.c_str(), "expert id ", ids[k], " at token ", t,
               ", slot ", k, " is outside [-1, num_experts = ", p.num_experts, ")");
-      for (uint64_t j = 0; j < k && ids[k] >= 0; ++j) {
-        require(ids[j] != ids[k], idx_name.c_str(), "token ", t, " repeats expert ", ids[k], " in slots ", j,
-                " and ", k, "; a token's top-k experts must be distinct");
+      if (ids[k] >= 0) {
+        require(++routes_to[static_cast<size_t>(ids[k])] <= p.max_tokens_per_rank, idx_name.c_str(), "expert ",
+                ids[k], " gets more than max_tokens_per_rank = ", p.max_tokens_per_rank,
+                " routes from this rank (at token ", t, ", slot ", k,
+                "); only an expert repeated within tokens can exceed it");
       }
       require(std::isfinite(weights[k]), weights_name.c_str(), "weight at token ", t, ", slot ", k,
               " must be finite (not NaN or infinite), got ", weights[k]);
@@ -368,9 +373,17 @@ ReferenceResult reference_moe(const Problem& problem, const std::vector<RankBatc
 
   // y = BF16 of the FP32 sum of the written slots, in slot order.
   std::vector<float> sum(hidden);
+  if (options.keep_slots) result.slots.resize(static_cast<size_t>(num_ranks));
   for (int32_t r = 0; r < num_ranks; ++r) {
     const SlotStore& store = stores[static_cast<size_t>(r)];
     std::vector<uint16_t>& y = result.y[static_cast<size_t>(r)];
+    if (options.keep_slots) {  // unwritten slots hold 0: store.values starts zeroed
+      std::vector<uint16_t>& kept = result.slots[static_cast<size_t>(r)];
+      kept.assign(y.size() * slots, 0);
+      for (size_t row = 0; row < store.tokens.size(); ++row)
+        std::copy_n(store.values.begin() + static_cast<std::ptrdiff_t>(row * slots * hidden), slots * hidden,
+                    kept.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(store.tokens[row]) * slots * hidden));
+    }
     for (size_t row = 0; row < store.tokens.size(); ++row) {
       std::fill(sum.begin(), sum.end(), 0.0f);
       for (size_t slot = 0; slot < slots; ++slot) {

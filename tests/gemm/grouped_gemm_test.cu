@@ -16,6 +16,7 @@
 
 #include "device_buffer.h"
 #include "gpu_test_util.h"
+#include "test_seed.h"
 #include "kernels/gemm/fp4_scales.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/gemm/split_k.cuh"
@@ -57,11 +58,7 @@ std::string describe(const Case& c) {
   return text + (c.rows_per_group.size() > 12 ? ",...]" : "]");
 }
 
-std::mt19937_64 fresh_rng() {
-  const uint64_t seed = std::random_device{}();
-  std::printf("random seed %llu\n", static_cast<unsigned long long>(seed));
-  return std::mt19937_64(seed);
-}
+std::mt19937_64 fresh_rng() { return std::mt19937_64(testing::announced_test_seed("grouped_gemm_test")); }
 
 // Random operand matrix in the recipe's storage: E4M3 codes or BF16 bits, plus its dequantized value.
 struct Operand {
@@ -504,12 +501,12 @@ class GroupedGemm : public ::testing::TestWithParam<Recipe> {};
 #define MEGAMOE_GEMM_CASE(Name, ...)          \
   TEST_P(GroupedGemm, Name##Swiglu) {         \
     MEGAMOE_SKIP_WITHOUT_GPU();               \
-    std::mt19937_64 rng(std::random_device{}()); \
+    std::mt19937_64 rng(testing::announced_test_seed("group sizes")); \
     for (const Case& c : __VA_ARGS__) run_swiglu_case(c); \
   }                                           \
   TEST_P(GroupedGemm, Name##Store) {          \
     MEGAMOE_SKIP_WITHOUT_GPU();               \
-    std::mt19937_64 rng(std::random_device{}()); \
+    std::mt19937_64 rng(testing::announced_test_seed("group sizes")); \
     for (const Case& c : __VA_ARGS__) run_store_case(c); \
   }
 

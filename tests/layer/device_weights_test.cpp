@@ -6,10 +6,10 @@
 
 #include <algorithm>
 #include <cstring>
-#include <random>
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "test_seed.h"
 #include "megamoe/device_weights.h"
 #include "megamoe/formats.h"
 #include "megamoe/synthetic.h"
@@ -49,7 +49,7 @@ TEST_P(SyntheticDeviceWeights, SameBitsAsTheHostTransform) {
   p.num_shared_experts = 2;
   p.max_tokens_per_rank = 16;
   p.recipe = GetParam();
-  const uint64_t seed = std::random_device{}();
+  const uint64_t seed = testing::announced_test_seed("synthetic weights");
   const SyntheticWeights host(p, seed);
   const DeviceWeights uploaded(p, host);
   const auto generated = DeviceWeights::synthetic(p, seed);
@@ -84,7 +84,7 @@ TEST(Fp4DerivedScales, BlockScaleIsTheLargestAndShiftsAreRelativeToIt) {
   p.intermediate = 128;
   p.max_tokens_per_rank = 4;
   p.recipe = Recipe::fp8_fp4;
-  const SyntheticWeights host(p, std::random_device{}());
+  const SyntheticWeights host(p, testing::announced_test_seed("synthetic weights"));
   const DeviceWeights uploaded(p, host);
   const LayerWeights& w = uploaded.view();
   const int64_t rows = 2 * p.intermediate, cols = p.hidden;

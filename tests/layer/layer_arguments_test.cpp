@@ -102,5 +102,125 @@ TEST(LayerArguments, Fp8Fp4WeightsAreCheckedInTheirOwnFormat) {
   EXPECT_EQ(failed, 0);
 }
 
+// Every field of LayerWeights a recipe reads is checked by name: missing, of another shape, dtype or
+// device. (fp8 reads no *_shifts, bf16 no *_scales and no *_shifts.)
+struct WeightField {
+  const char* name;
+  TensorView LayerWeights::*member;
+};
+constexpr WeightField kWeightFields[] = {
+    {"w1", &LayerWeights::w1},
+    {"w1_scales", &LayerWeights::w1_scales},
+    {"w1_shifts", &LayerWeights::w1_shifts},
+    {"w2", &LayerWeights::w2},
+    {"w2_scales", &LayerWeights::w2_scales},
+    {"w2_shifts", &LayerWeights::w2_shifts},
+    {"shared_w1", &LayerWeights::shared_w1},
+    {"shared_w1_scales", &LayerWeights::shared_w1_scales},
+    {"shared_w1_shifts", &LayerWeights::shared_w1_shifts},
+    {"shared_w2", &LayerWeights::shared_w2},
+    {"shared_w2_scales", &LayerWeights::shared_w2_scales},
+    {"shared_w2_shifts", &LayerWeights::shared_w2_shifts},
+};
+
+bool recipe_reads(Recipe recipe, const std::string& field) {
+  if (field.ends_with("_shifts")) return recipe == Recipe::fp8_fp4;
+  if (field.ends_with("_scales")) return recipe != Recipe::bf16;
+  return true;
+}
+
+class LayerWeightFields : public ::testing::TestWithParam<Recipe> {};
+
+TEST_P(LayerWeightFields, EachFieldIsCheckedByName) {
+  MEGAMOE_SKIP_WITHOUT_GPU();
+  const Recipe recipe = GetParam();
+  const int failed = run_ranks(1, LaunchMode::emulated, [recipe](Communicator& comm) {
+    Problem p = small_problem(recipe);
+    p.num_shared_experts = 1;
+    SymmBuffer buffer(comm, p);
+    const auto weights = DeviceWeights::synthetic(p, 7);
+    DeviceBatch batch(p, 4);
+    void* y_memory = nullptr;
+    ASSERT_EQ(cudaMalloc(&y_memory, 4 * 256 * 2), cudaSuccess);
+    const TensorView y = TensorView::contiguous(y_memory, DType::bf16, {4, 256}, Device::cuda);
+    const auto call = [&](const LayerWeights& w) { mega_moe(buffer, batch.inputs(), w, y, comm.stream()); };
+    int checked = 0;
+    for (const WeightField& field : kWeightFields) {
+      if (!recipe_reads(p.recipe, field.name)) continue;
+      ++checked;
+      const std::string name = std::string("weights.") + field.name;
+      const TensorView& good = weights->view().*field.member;
+      ASSERT_FALSE(good.empty()) << name << " was not made by DeviceWeights";
+      LayerWeights w = weights->view();
+      w.*field.member = {};
+      expect_refused([&] { call(w); }, {name.c_str()});
+      w = weights->view();
+      (w.*field.member).shape[good.ndim - 1] += 1;
+      expect_refused([&] { call(w); }, {name.c_str(), "must have shape"});
+      w = weights->view();
+      (w.*field.member).dtype = DType::i64;  // no weight tensor is i64
+      expect_refused([&] { call(w); }, {name.c_str(), "must have dtype"});
+      w = weights->view();
+      (w.*field.member).device = Device::host;
+      expect_refused([&] { call(w); }, {name.c_str(), "cuda memory"});
+    }
+    EXPECT_EQ(checked, p.recipe == Recipe::fp8_fp4 ? 12 : p.recipe == Recipe::fp8 ? 8 : 4);
+    cudaFree(y_memory);
+  });
+  EXPECT_EQ(failed, 0);
+}
+
+// Weights made for another recipe, or another problem's shape, are refused before any kernel runs.
+TEST_P(LayerWeightFields, WeightsOfAnotherRecipeOrShape) {
+  MEGAMOE_SKIP_WITHOUT_GPU();
+  const Recipe recipe = GetParam();
+  const int failed = run_ranks(1, LaunchMode::emulated, [recipe](Communicator& comm) {
+    const Problem p = small_problem(recipe);
+    SymmBuffer buffer(comm, p);
+    DeviceBatch batch(p, 4);
+    void* y_memory = nullptr;
+    ASSERT_EQ(cudaMalloc(&y_memory, 4 * 256 * 2), cudaSuccess);
+    const TensorView y = TensorView::contiguous(y_memory, DType::bf16, {4, 256}, Device::cuda);
+    for (Recipe other : {Recipe::fp8, Recipe::fp8_fp4, Recipe::bf16}) {
+      if (other == p.recipe) continue;
+      const auto weights = DeviceWeights::synthetic(small_problem(other), 7);
+      expect_refused([&] { mega_moe(buffer, batch.inputs(), weights->view(), y, comm.stream()); },
+                     {"weights.w1", "must have dtype"});
+    }
+    Problem wider = p;
+    wider.intermediate = 256;
+    const auto wider_weights = DeviceWeights::synthetic(wider, 7);
+    expect_refused([&] { mega_moe(buffer, batch.inputs(), wider_weights->view(), y, comm.stream()); },
+                   {"weights.w1", "must have shape"});
+    Problem more_experts = p;
+    more_experts.num_experts = 8;
+    const auto more_weights = DeviceWeights::synthetic(more_experts, 7);
+    expect_refused([&] { mega_moe(buffer, batch.inputs(), more_weights->view(), y, comm.stream()); },
+                   {"weights.w1", "must have shape [4,"});
+    cudaFree(y_memory);
+  });
+  EXPECT_EQ(failed, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, LayerWeightFields, ::testing::Values(Recipe::fp8, Recipe::fp8_fp4, Recipe::bf16),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
+// num_tokens outside [0, max_tokens_per_rank] is refused by every entry point that takes it.
+TEST(LayerArguments, TokenCountOutsideTheBuffer) {
+  MEGAMOE_SKIP_WITHOUT_GPU();
+  const int failed = run_ranks(1, LaunchMode::emulated, [](Communicator& comm) {
+    const Problem p = small_problem(Recipe::bf16);
+    SymmBuffer buffer(comm, p);
+    const auto weights = DeviceWeights::synthetic(p, 7);
+    DeviceBatch batch(p, 4);
+    LayerInputs negative = batch.inputs();
+    negative.num_tokens = -1;
+    expect_refused([&] { mega_moe(buffer, negative, weights->view(), {}, comm.stream()); },
+                   {"inputs.num_tokens", "[0, 8]", "got -1"});
+    expect_refused([&] { buffer_input_views(buffer, 9, batch.inputs().topk_idx); }, {"num_tokens", "[0, 8]", "got 9"});
+  });
+  EXPECT_EQ(failed, 0);
+}
+
 }  // namespace
 }  // namespace megamoe

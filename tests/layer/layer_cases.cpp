@@ -1,5 +1,7 @@
 #include "layer/layer_cases.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <string>
 
 namespace megamoe::layer_test {
@@ -9,6 +11,27 @@ std::vector<int32_t> tokens(int32_t ranks, std::vector<int32_t> pattern) {
   std::vector<int32_t> result(ranks);
   for (int32_t r = 0; r < ranks; ++r) result[r] = pattern[r % pattern.size()];
   return result;
+}
+
+bool quick() {
+  const char* value = std::getenv("MEGAMOE_TEST_QUICK");
+  return value != nullptr && value[0] != '\0' && std::string(value) != "0";
+}
+
+// MEGAMOE_TEST_QUICK: the same cases with at most 64 tokens per rank and a few calls, for runs under
+// compute-sanitizer (tools/gpu_check.sh sanitize); the SM holder's spin is left out.
+constexpr int32_t kQuickTokens = 64;
+void shrink(std::vector<LayerCase>& cases) {
+  const auto cap = [](std::vector<int32_t>& counts) {
+    for (int32_t& n : counts) n = std::min(n, kQuickTokens);
+  };
+  for (LayerCase& c : cases) {
+    cap(c.tokens_per_rank);
+    for (std::vector<int32_t>& variant : c.size_variants) cap(variant);
+    c.repeats = std::min(c.repeats, 3);
+    c.variant_calls = std::min(c.variant_calls, 8);
+  }
+  std::erase_if(cases, [](const LayerCase& c) { return c.hold_half_the_sms; });
 }
 
 }  // namespace
@@ -33,7 +56,23 @@ std::vector<LayerCase> cases_for_ranks(int32_t ranks) {
     sweep.top_k = 6;
     sweep.tokens_per_rank = tokens(ranks, {4096, 0, 1000, 1, 128, 7});
     cases.push_back(sweep);
+
+    LayerCase nonfinite = basic;
+    nonfinite.name = "nonfinite_inputs_in_four_tokens" + suffix;
+    nonfinite.top_k = 4;
+    nonfinite.tokens_per_rank = tokens(ranks, {128, 7, 1});
+    nonfinite.nonfinite_tokens = true;
+    cases.push_back(nonfinite);
   }
+  LayerCase repeat;
+  repeat.name = "repeated_expert_within_a_token";
+  repeat.num_experts = 8 * ranks;
+  repeat.top_k = 4;
+  repeat.num_shared_experts = 1;
+  repeat.tokens_per_rank = tokens(ranks, {128, 7, 0});
+  repeat.repeat_expert = true;
+  cases.push_back(repeat);
+
   LayerCase top1;
   top1.name = "top1_every_route_on_one_expert";
   top1.num_experts = 8 * ranks;
@@ -105,7 +144,18 @@ std::vector<LayerCase> cases_for_ranks(int32_t ranks) {
   bad.tokens_per_rank = tokens(ranks, {16});
   bad.bad_expert_rank = ranks - 1;
   cases.push_back(bad);
+  if (quick()) shrink(cases);
   return cases;
+}
+
+LayerCase absent_rank_case(int32_t ranks) {
+  LayerCase absent;
+  absent.name = "last_rank_never_calls";
+  absent.num_experts = 8 * ranks;
+  absent.num_shared_experts = 1;
+  absent.tokens_per_rank = tokens(ranks, {128, 7});
+  absent.absent_rank = ranks - 1;
+  return absent;
 }
 
 }  // namespace megamoe::layer_test

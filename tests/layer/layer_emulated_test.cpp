@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "comm/scoped_env.h"
 #include "gpu_test_util.h"
 #include "layer/layer_cases.h"
 #include "megamoe/comm.h"
@@ -24,12 +25,32 @@ TEST_P(EmulatedLayer, EveryCase) {
       EXPECT_EQ(run_ranks(GetParam(), LaunchMode::emulated,
                           [&](Communicator& comm) { layer_test::run_rank(comm, *data, schedule); }),
                 0)
-          << "case " << c.name << ", " << to_string(schedule) << " schedule: ranks failed; see stderr";
+          << "case " << c.name << ", " << to_string(schedule) << " schedule: ranks failed; see stderr; replay: "
+          << data->replay;
     }
   }
 }
 
+// One rank never calls the layer: every other rank's call times out (1 s here) and
+// check_device_error names the absent rank, in both schedules.
+class EmulatedAbsentRank : public ::testing::TestWithParam<int> {};
+
+TEST_P(EmulatedAbsentRank, RankThatNeverCalls) {
+  MEGAMOE_SKIP_WITHOUT_GPU();
+  const comm_test::ScopedEnv timeout("MEGAMOE_TIMEOUT_MS", comm_test::kShortTimeoutMs);
+  const auto data = layer_test::prepare(layer_test::absent_rank_case(GetParam()));
+  for (Schedule schedule : {Schedule::staged, Schedule::fused}) {
+    std::printf("case %s, %s schedule\n", data->c.name.c_str(), std::string(to_string(schedule)).c_str());
+    EXPECT_EQ(run_ranks(GetParam(), LaunchMode::emulated,
+                        [&](Communicator& comm) { layer_test::run_rank(comm, *data, schedule); }),
+              0)
+        << to_string(schedule) << " schedule: ranks failed; see stderr; replay: " << data->replay;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, EmulatedLayer, ::testing::Values(1, 2, 4, 8),
+                         [](const auto& info) { return std::to_string(info.param) + "_ranks"; });
+INSTANTIATE_TEST_SUITE_P(Ranks, EmulatedAbsentRank, ::testing::Values(2, 4),
                          [](const auto& info) { return std::to_string(info.param) + "_ranks"; });
 
 }  // namespace

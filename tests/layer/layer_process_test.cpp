@@ -6,6 +6,7 @@
 #include <string>
 
 #include "comm/launcher.h"
+#include "comm/scoped_env.h"
 #include "layer/layer_cases.h"
 #include "megamoe/comm.h"
 
@@ -26,12 +27,33 @@ TEST_P(ProcessLayer, EveryCase) {
       EXPECT_EQ(run_ranks(GetParam(), LaunchMode::processes,
                           [&](Communicator& comm) { layer_test::run_rank(comm, *data, schedule); }),
                 0)
-          << "case " << c.name << ", " << to_string(schedule) << " schedule: ranks failed; see stderr";
+          << "case " << c.name << ", " << to_string(schedule) << " schedule: ranks failed; see stderr; replay: "
+          << data->replay;
     }
   }
 }
 
+// One rank process never calls the layer: the others time out (1 s) and name it, in both schedules.
+class ProcessAbsentRank : public ::testing::TestWithParam<int> {};
+
+TEST_P(ProcessAbsentRank, RankThatNeverCalls) {
+  static const int gpus = count_hopper_gpus_in_child();
+  if (gpus < GetParam()) GTEST_SKIP() << "needs " << GetParam() << " Hopper GPUs, found " << gpus;
+  const comm_test::ScopedEnv timeout("MEGAMOE_TIMEOUT_MS", comm_test::kShortTimeoutMs);  // the ranks inherit it
+  const auto data = layer_test::prepare(layer_test::absent_rank_case(GetParam()));
+  for (Schedule schedule : {Schedule::staged, Schedule::fused}) {
+    std::printf("case %s, %s schedule\n", data->c.name.c_str(), std::string(to_string(schedule)).c_str());
+    EXPECT_EQ(run_ranks(GetParam(), LaunchMode::processes,
+                        [&](Communicator& comm) { layer_test::run_rank(comm, *data, schedule); }),
+              0)
+        << to_string(schedule) << " schedule: ranks failed; see stderr; replay: " << data->replay;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Gpus, ProcessLayer, ::testing::Values(1, 2),
+                         [](const auto& info) { return std::to_string(info.param) + "_gpus"; });
+// Two GPUs only: it belongs to the two_gpus ctest entry.
+INSTANTIATE_TEST_SUITE_P(Gpus, ProcessAbsentRank, ::testing::Values(2),
                          [](const auto& info) { return std::to_string(info.param) + "_gpus"; });
 
 }  // namespace

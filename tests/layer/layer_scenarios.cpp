@@ -3,10 +3,11 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cmath>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
-#include <random>
-#include <sstream>
+#include <limits>
+#include <span>
 
 #include "layer/sm_holder.h"
 #include "megamoe/device_batch.h"
@@ -14,6 +15,8 @@
 #include "megamoe/error.h"
 #include "megamoe/formats.h"
 #include "megamoe/layer.h"
+#include "megamoe/token_check.h"
+#include "test_seed.h"
 
 namespace megamoe::layer_test {
 namespace {
@@ -55,37 +58,18 @@ struct Caller {
   }
 };
 
-// y against the reference: every element written (no poison left), normalized error within bound.
-void check_y(const CaseData& data, int32_t rank, const std::vector<uint16_t>& y) {
-  const std::vector<uint16_t>& want = data.reference.y[rank];
-  double diff = 0, norm = 0;
-  size_t worst = 0;
-  double worst_error = -1;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double got = bf16_to_float(y[i]), expected = bf16_to_float(want[i]);
-    require(!std::isnan(got), "y", "rank ", rank, " of case ", data.c.name, ": element ", i, " (token ",
-            i / data.problem.hidden, ") was not written or is NaN");
-    diff += (got - expected) * (got - expected);
-    norm += expected * expected;
-    if (std::fabs(got - expected) > worst_error) {
-      worst_error = std::fabs(got - expected);
-      worst = i;
-    }
-  }
-  const double error = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
-  // fp8, fp8_fp4: the FP8 wgmma accumulates with ~14 mantissa bits, so ~0.5% of the re-quantized L1
-  // outputs round to the neighbouring E4M3 code (6-12% off): a token sees about two such flips, and
-  // its own error ~5e-3, rarely above 2e-2 (one 1-token rank measured 2.1e-2). The error of n tokens
-  // averages n tokens' flips, so the bound is 2e-2 from 4 tokens on and widens as 1/sqrt(n) below.
-  const double tokens = static_cast<double>(want.size()) / data.problem.hidden;
-  const double bound = data.problem.recipe == Recipe::bf16 ? 5e-3 : 2e-2 * std::sqrt(4.0 / std::clamp(tokens, 1.0, 4.0));
-  std::printf("case %s rank %d: y normalized error %.3g over %zu values (bound %.1e)\n", data.c.name.c_str(), rank,
-              error, want.size(), bound);
-  if (error > bound) {
-    throw Error(detail::concat("y: rank ", rank, " of case ", data.c.name, ": normalized error ", error, " > ", bound,
-                               "; worst element ", worst, " (token ", worst / data.problem.hidden, ") got ",
-                               bf16_to_float(y[worst]), " want ", bf16_to_float(want[worst])));
-  }
+// y against the reference, token by token (token_check.h): every element written (no poison left),
+// each token within its bound; `skip` marks tokens not compared.
+void check_y(const CaseData& data, const std::string& what, int32_t rank, const ReferenceResult& reference,
+             const std::vector<uint16_t>& y, std::span<const uint8_t> skip = {}) {
+  const TokenCheck check = check_tokens(y, reference.y[rank], data.problem.hidden, data.problem.recipe, skip,
+                                        reference.slots[rank], data.problem.combine_slots());
+  std::printf("%s rank %d: %d tokens compared, worst token %d normalized error %.3g (bound %.1e)\n", what.c_str(),
+              rank, check.compared, check.worst_token, check.worst_error, token_bound(data.problem.recipe));
+  if (!check.ok())
+    throw Error(detail::concat("y: rank ", rank, " of ", what, ": ", check.failed, " of ", check.compared,
+                               " tokens differ from the reference; the first: ", check.first_failure,
+                               "; replay: ", data.replay));
 }
 
 // size_variants: every variant's inputs and output allocated and filled first, then variant_calls
@@ -124,23 +108,70 @@ void run_variants(Communicator& comm, const CaseData& data, SymmBuffer& buffer, 
   }
   buffer.check_device_error(stream);
   for (size_t v = 0; v < variants; ++v) {
-    CaseData view_data;
-    view_data.c = c;
-    view_data.c.name = c.name + " variant " + std::to_string(v);
-    view_data.problem = data.problem;
-    view_data.reference = data.variant_references[v];
     std::vector<uint16_t> host_y(ys[v]->count);
     if (!host_y.empty())
       cuda_ok(cudaMemcpy(host_y.data(), ys[v]->data, host_y.size() * 2, cudaMemcpyDeviceToHost), "download y");
-    check_y(view_data, p.rank, host_y);
+    check_y(data, "case " + c.name + " variant " + std::to_string(v), p.rank, data.variant_references[v], host_y);
   }
   std::vector<int64_t> host_stats(stats.count);
   cuda_ok(cudaMemcpy(host_stats.data(), stats.data, stats.count * 8, cudaMemcpyDeviceToHost), "download stats");
   for (size_t e = 0; e < want.size(); ++e)
     require(host_stats[e] == want[e], "recv_stats", "rank ", p.rank, " of case ", c.name, ": local expert ", e,
-            " counted ", host_stats[e], " routes over ", c.variant_calls, " calls, the reference ", want[e]);
+            " counted ", host_stats[e], " routes over ", c.variant_calls, " calls, the reference ", want[e],
+            "; replay: ", data.replay);
   cuda_ok(cudaStreamSynchronize(stream), "variants");
   comm.barrier();  // no rank frees while another's kernels may still read its buffer
+}
+
+// repeat_expert: every third token's second slot names its first slot's expert.
+void repeat_first_expert(const LayerCase& c, std::vector<RankBatch>& batches) {
+  require(c.top_k >= 2 && c.masked_fraction == 0.0f, "repeat_expert", "case ", c.name,
+          " needs top_k >= 2 and no masked routes");
+  for (RankBatch& batch : batches)
+    for (int32_t t = 0; t < batch.num_tokens; t += 3) {
+      int32_t* ids = batch.topk_idx.data() + size_t(t) * c.top_k;
+      ids[1] = ids[0];
+    }
+}
+
+// nonfinite_tokens: up to four tokens of each rank, spread over its batch, each get one kind of
+// non-finite input: a NaN in x; an infinite x scale (bf16: an infinity in x); a NaN route weight; a
+// -infinity route weight (on an unmasked route, so that it is used).
+void poison_tokens(const Problem& p, std::vector<RankBatch>& batches, std::vector<std::vector<uint8_t>>& poisoned) {
+  constexpr int32_t kKinds = 4;
+  constexpr size_t kElement = 5;  // any element of the row
+  const float inf = std::numeric_limits<float>::infinity();
+  poisoned.assign(batches.size(), {});
+  for (size_t r = 0; r < batches.size(); ++r) {
+    RankBatch& batch = batches[r];
+    poisoned[r].assign(static_cast<size_t>(batch.num_tokens), 0);
+    const int32_t count = std::min(kKinds, batch.num_tokens);
+    for (int32_t kind = 0; kind < count; ++kind) {
+      const int32_t t = kind * batch.num_tokens / count;
+      poisoned[r][t] = 1;
+      const size_t element = size_t(t) * p.hidden + kElement;
+      const auto set_bf16_x = [&](uint16_t bits) {
+        batch.x[2 * element] = static_cast<uint8_t>(bits & 0xFF);
+        batch.x[2 * element + 1] = static_cast<uint8_t>(bits >> 8);
+      };
+      const int32_t* ids = batch.topk_idx.data() + size_t(t) * p.top_k;
+      int32_t slot = 0;  // the first unmasked route, if there is one
+      while (slot + 1 < p.top_k && ids[slot] < 0) ++slot;
+      const size_t route = size_t(t) * p.top_k + slot;
+      switch (kind) {
+        case 0:
+          if (p.recipe == Recipe::bf16) set_bf16_x(0x7FC0);
+          else batch.x[element] = 0x7F;  // E4M3 NaN
+          break;
+        case 1:
+          if (p.recipe == Recipe::bf16) set_bf16_x(0x7F80);
+          else batch.x_scales[size_t(t) * (p.hidden / kScaleBlock)] = inf;
+          break;
+        case 2: batch.topk_weights[route] = std::numeric_limits<float>::quiet_NaN(); break;
+        default: batch.topk_weights[route] = -inf; break;
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -150,10 +181,12 @@ std::unique_ptr<CaseData> prepare(const LayerCase& c) {
   data->c = c;
   data->problem = case_problem(c);
   validate(data->problem);
-  const uint64_t seed = std::random_device{}();
-  std::printf("case %s: seed %llu\n", c.name.c_str(), static_cast<unsigned long long>(seed));
+  const uint64_t seed = testing::announced_test_seed(("case " + c.name).c_str());
+  data->seed = seed;
+  data->replay = testing::replay_command(seed);
   data->weights = std::make_unique<SyntheticWeights>(data->problem, seed);
   data->batches = synthetic_batches(data->problem, c.tokens_per_rank, c.routing, seed + 1, c.masked_fraction);
+  if (c.repeat_expert) repeat_first_expert(c, data->batches);
   if (c.graph) {
     data->first_batches = synthetic_batches(data->problem, c.tokens_per_rank, c.routing, seed + 2, c.masked_fraction);
     const Problem& p = data->problem;
@@ -162,11 +195,15 @@ std::unique_ptr<CaseData> prepare(const LayerCase& c) {
       for (int32_t expert : batch.topk_idx)
         if (expert >= 0) ++data->first_recv_counts[p.owner_rank(expert)][p.local_expert(expert)];
   }
-  data->reference = reference_moe(data->problem, data->batches, *data->weights);
+  ReferenceOptions with_slots;  // the per-route check needs each route's contribution
+  with_slots.keep_slots = true;
+  data->reference = reference_moe(data->problem, data->batches, *data->weights, with_slots);
+  if (c.nonfinite_tokens) poison_tokens(data->problem, data->batches, data->poisoned);
   for (size_t v = 0; v < c.size_variants.size(); ++v) {
     data->variant_batches.push_back(
         synthetic_batches(data->problem, c.size_variants[v], c.routing, seed + 3 + v, c.masked_fraction));
-    data->variant_references.push_back(reference_moe(data->problem, data->variant_batches.back(), *data->weights));
+    data->variant_references.push_back(
+        reference_moe(data->problem, data->variant_batches.back(), *data->weights, with_slots));
   }
   return data;
 }
@@ -210,6 +247,31 @@ void run_rank(Communicator& comm, const CaseData& data, Schedule schedule) {
     cuda_ok(cudaStreamDestroy(other), "cudaStreamDestroy");  // the kernel runs on
   }
 
+  if (c.absent_rank >= 0) {
+    if (p.rank == c.absent_rank) return;  // never calls; waits for the others in finish_together
+    inputs.fill(data.batches[p.rank], stream);
+    const auto start = std::chrono::steady_clock::now();
+    call_layer(buffer, inputs.inputs(), weights.view(), y_view, stream, stats_view);
+    std::string reported;
+    try {
+      buffer.check_device_error(stream);
+    } catch (const Error& e) {
+      reported = e.what();
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double timeout = static_cast<double>(buffer.view().timeout_ns) * 1e-9;
+    std::printf("case %s rank %d: reported after %.2f s (timeout %.2f s): %s\n", c.name.c_str(), p.rank, seconds,
+                timeout, reported.c_str());
+    const std::string names_it = "for rank " + std::to_string(c.absent_rank);
+    require(reported.find("timed out") != std::string::npos && reported.find(names_it) != std::string::npos,
+            "check_device_error", "rank ", p.rank, " of case ", c.name, ": expected a timeout naming the absent rank ('",
+            names_it, "'), got: ", reported.empty() ? "no error" : reported);
+    // Each later kernel of the call stops at once after the first timeout; a few timeouts are slack.
+    require(seconds <= 3 * timeout + 2.0, "check_device_error", "rank ", p.rank, " of case ", c.name,
+            ": reported after ", seconds, " s, more than three timeouts (", timeout, " s) and 2 s");
+    return;
+  }
+
   if (c.bad_expert_rank >= 0) {
     RankBatch batch = data.batches[p.rank];
     if (p.rank == c.bad_expert_rank && tokens > 0) batch.topk_idx[0] = p.num_experts + 5;
@@ -232,7 +294,7 @@ void run_rank(Communicator& comm, const CaseData& data, Schedule schedule) {
     buffer.check_device_error(stream);
     std::vector<uint16_t> host_y(y.count);
     if (!host_y.empty()) cuda_ok(cudaMemcpy(host_y.data(), y.data, y.count * 2, cudaMemcpyDeviceToHost), "download y");
-    check_y(data, p.rank, host_y);
+    check_y(data, "case " + c.name, p.rank, data.reference, host_y);
     return;
   }
 
@@ -268,7 +330,8 @@ void run_rank(Communicator& comm, const CaseData& data, Schedule schedule) {
 
   std::vector<uint16_t> host_y(y.count);
   if (!host_y.empty()) cuda_ok(cudaMemcpy(host_y.data(), y.data, y.count * 2, cudaMemcpyDeviceToHost), "download y");
-  check_y(data, p.rank, host_y);
+  check_y(data, "case " + c.name, p.rank, data.reference, host_y,
+          data.poisoned.empty() ? std::span<const uint8_t>() : std::span<const uint8_t>(data.poisoned[p.rank]));
 
   // Statistics: every call adds the routes each local expert received. Graph cases captured the
   // statistics only in the graph, replayed once with each input set.
@@ -282,7 +345,7 @@ void run_rank(Communicator& comm, const CaseData& data, Schedule schedule) {
   }
   for (size_t e = 0; e < want.size(); ++e)
     require(host_stats[e] == want[e], "recv_stats", "rank ", p.rank, " of case ", c.name, ": local expert ", e,
-            " counted ", host_stats[e], " routes, the reference ", want[e]);
+            " counted ", host_stats[e], " routes, the reference ", want[e], "; replay: ", data.replay);
 }
 
 }  // namespace megamoe::layer_test

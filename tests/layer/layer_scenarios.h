@@ -1,8 +1,10 @@
 // Whole-layer test cases, each run once per rank by run_ranks (emulated ranks or processes) against
-// the CPU reference computed before the ranks start. A failing rank throws megamoe::Error naming the
-// rank, the case and what differed; run_ranks prints it.
+// the CPU reference computed before the ranks start, token by token (token_check.h). A failing rank
+// throws megamoe::Error naming the rank, the case, what differed and the command that replays it
+// (MEGAMOE_TEST_SEED); run_ranks prints it.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +36,15 @@ struct LayerCase {
   // Rank 0 first launches, on another stream, a kernel that holds half the multiprocessors for a
   // while: the call must complete with the SMs it gets.
   bool hold_half_the_sms = false;
+  // Every third token names its first choice's expert again in its second slot (a repeated expert is
+  // valid: the token gets that expert's output once per slot, each weighted by its slot's weight).
+  bool repeat_expert = false;
+  // Up to four tokens per rank get NaN or infinity in x, x_scales or topk_weights. The contract: no
+  // error, no hang, and every other token of every rank matches the reference.
+  bool nonfinite_tokens = false;
+  // This rank never calls the layer: the others' spin-waits must time out (set MEGAMOE_TIMEOUT_MS
+  // short) and check_device_error must name it.
+  int32_t absent_rank = -1;
 };
 
 // Inputs and expected outputs of one case, built on the host before any rank starts.
@@ -47,6 +58,11 @@ struct CaseData {
   std::vector<std::vector<uint32_t>> first_recv_counts;  // and the routes they send to each rank's experts
   std::vector<std::vector<RankBatch>> variant_batches;  // size_variants' inputs
   std::vector<ReferenceResult> variant_references;
+  // nonfinite_tokens: per rank, [tokens], nonzero for a token whose inputs were made non-finite after
+  // the reference was computed (not compared).
+  std::vector<std::vector<uint8_t>> poisoned;
+  uint64_t seed = 0;
+  std::string replay;  // the command that runs this case again with this seed
 };
 
 std::unique_ptr<CaseData> prepare(const LayerCase& c);

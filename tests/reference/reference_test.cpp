@@ -3,6 +3,7 @@
 // independence, token subsets and progress reports.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "megamoe/reference.h"
@@ -83,6 +84,36 @@ TEST(Reference, MaskedRoutesAddNothing) {
   }
   ASSERT_GT(masked_routes, 5);
   EXPECT_EQ(run(p, masked, weights).y, run(p, zero_weight, weights).y);
+}
+
+// An expert named in both slots of a token runs once per slot, with that slot's weight, and the token
+// sums both: y of [e, e] with weights (a, b) is the BF16 sum of the outputs of [e, -1] with (a, 0)
+// and [-1, e] with (0, b), bit for bit, for three tokens with the same x.
+TEST(Reference, RepeatedExpertRunsOncePerSlot) {
+  const Problem p = small_problem(Recipe::fp8, 0, 2);
+  const SyntheticWeights weights(p, 5);
+  auto batches = synthetic_batches(p, {3, 1}, Routing::uniform, 5);
+  RankBatch& batch = batches[0];
+  const size_t row = static_cast<size_t>(p.hidden), scales = row / 128;
+  for (size_t t = 1; t < 3; ++t) {
+    std::copy_n(batch.x.begin(), row, batch.x.begin() + t * row);
+    std::copy_n(batch.x_scales.begin(), scales, batch.x_scales.begin() + t * scales);
+  }
+  const int32_t e = 3;
+  const float a = 0.7f, b = 0.3f;
+  batch.topk_idx = {e, e, e, -1, -1, e};
+  batch.topk_weights = {a, b, a, 0.0f, 0.0f, b};
+  const ReferenceResult result = run(p, batches, weights);
+  const std::vector<uint16_t>& y = result.y[0];
+  for (size_t h = 0; h < row; ++h) {
+    const float both = bf16_to_float(y[row + h]) + bf16_to_float(y[2 * row + h]);
+    ASSERT_EQ(y[h], float_to_bf16(both)) << "element " << h;
+  }
+  EXPECT_NE(std::vector<uint16_t>(y.begin(), y.begin() + row), std::vector<uint16_t>(y.begin() + row, y.begin() + 2 * row))
+      << "the second slot added nothing";
+  uint32_t routes_to_e = 4;  // rank 0's four, plus rank 1's
+  for (int32_t id : batches[1].topk_idx) routes_to_e += id == e ? 1 : 0;
+  EXPECT_EQ(result.recv_counts[p.owner_rank(e)][p.local_expert(e)], routes_to_e);
 }
 
 TEST(Reference, AllRoutesMaskedAndNoSharedExpertsGiveZero) {

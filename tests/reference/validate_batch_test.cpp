@@ -1,6 +1,7 @@
 // validate_batch: one test per rule, each checking that the message names the field and the rule.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -118,15 +119,29 @@ TEST(ValidateBatch, ExpertIdOutOfRange) {
   expect_error([&] { validate_batch(p, batch, 1); }, {"batches[1].topk_idx", "expert id -2 at token 3, slot 2"});
 }
 
-TEST(ValidateBatch, RepeatedExpertWithinAToken) {
+// A repeated expert is valid: each slot is its own route (reference_test checks what it computes).
+TEST(ValidateBatch, RepeatedExpertWithinATokenIsValid) {
   const Problem p = batch_problem();
   RankBatch batch = good_batch(p);
   batch.topk_idx[3] = 5;
   batch.topk_idx[4] = 6;
   batch.topk_idx[5] = 5;
+  EXPECT_NO_THROW(validate_batch(p, batch, 0));
+}
+
+// Repeats can send one expert more routes from one rank than there are tokens: the buffer has room
+// for max_tokens_per_rank (4) of them.
+TEST(ValidateBatch, MoreRoutesToOneExpertThanTheBufferHolds) {
+  const Problem p = batch_problem();
+  RankBatch batch = good_batch(p);
+  std::fill(batch.topk_idx.begin(), batch.topk_idx.end(), -1);
+  for (size_t route = 0; route < 6; ++route) batch.topk_idx[route] = 5;
   expect_error([&] { validate_batch(p, batch, 0); },
-               {"batches[0].topk_idx", "token 1 repeats expert 5 in slots 0 and 2",
-                "a token's top-k experts must be distinct"});
+               {"batches[0].topk_idx", "expert 5 gets more than max_tokens_per_rank = 4 routes from this rank",
+                "at token 1, slot 1", "repeated"});
+  batch.topk_idx[4] = 6;  // exactly four routes to expert 5
+  batch.topk_idx[5] = 7;
+  EXPECT_NO_THROW(validate_batch(p, batch, 0));
 }
 
 TEST(ValidateBatch, NonFiniteWeight) {

@@ -1,6 +1,6 @@
 // megamoe: runs one MoE layer of a model preset on synthetic data and prints a summary (run), prints
-// the buffer a problem needs (info), or benchmarks the layer against an unfused baseline (bench,
-// which runs bench/layer's binary).
+// the buffer a problem needs (info), benchmarks the layer against an unfused baseline (bench, which
+// runs bench/layer's binary), or calls it many times against the CPU reference (soak, bench/soak's).
 // Exit codes: 0 success, 1 the run failed, 2 bad command line.
 
 #include <unistd.h>
@@ -69,6 +69,14 @@ const char* bench_usage() {
          "lists its flags).\n";
 }
 
+const char* soak_usage() {
+  return "  megamoe soak --out FILE [...]\n"
+         "\n"
+         "Calls the layer many times on Hopper GPUs (sizes, masked routes and skewed routing cycling, eager\n"
+         "and CUDA graphs, both schedules), checks outputs and receive statistics against the CPU reference\n"
+         "and writes the results as JSON (bench/soak's megamoe_soak; 'megamoe soak --help' lists its flags).\n";
+}
+
 void print_presets(std::ostream& out) {
   out << "presets:\n";
   for (const Preset& preset : all_presets()) {
@@ -81,7 +89,8 @@ void print_presets(std::ostream& out) {
 }
 
 void print_usage(std::ostream& out) {
-  out << "usage:\n" << run_usage() << "\n" << info_usage() << "\n" << bench_usage() << "\n  megamoe help\n\n";
+  out << "usage:\n" << run_usage() << "\n" << info_usage() << "\n" << bench_usage() << "\n" << soak_usage()
+      << "\n  megamoe help\n\n";
   print_presets(out);
 }
 
@@ -336,30 +345,31 @@ int run(const RunOptions& options, const BackendChoice& choice) {
   return 0;
 }
 
-// The layer benchmark is its own binary (bench/layer), so that this tool builds without the
-// benchmarks: it is looked for beside this binary, then where the build puts it.
-int bench_main(const std::vector<std::string>& args) {
+// The layer benchmark and the soak run are their own binaries (bench/layer, bench/soak), so that this
+// tool builds without them: `binary` is looked for beside this one, then where the build puts it
+// (bench/<folder>/), and runs in place of this process with `args`.
+int companion_main(const char* command, const char* binary, const char* folder, const char* usage,
+                   const std::vector<std::string>& args) {
   std::error_code error;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
   const std::filesystem::path dir = error ? std::filesystem::path(".") : self.parent_path();
-  for (const std::filesystem::path& candidate :
-       {dir / "megamoe_layer_bench", dir / "bench" / "layer" / "megamoe_layer_bench"}) {
+  for (const std::filesystem::path& candidate : {dir / binary, dir / "bench" / folder / binary}) {
     if (!std::filesystem::exists(candidate)) continue;
     const std::string path = candidate.string();
     std::vector<char*> argv = {const_cast<char*>(path.c_str())};
     for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
     argv.push_back(nullptr);
     execv(path.c_str(), argv.data());
-    std::cerr << "megamoe: bench: could not run " << path << ": " << std::strerror(errno) << "\n";
+    std::cerr << "megamoe: " << command << ": could not run " << path << ": " << std::strerror(errno) << "\n";
     return kExitFailure;
   }
-  const std::string missing = "the layer benchmark is not built; build it: cmake --build " + dir.string() +
-                              " --target megamoe_layer_bench";
+  const std::string missing = std::string(binary) + " is not built; build it: cmake --build " + dir.string() +
+                              " --target " + binary;
   if (wants_help(args)) {
-    std::cout << "usage:\n" << bench_usage() << "(" << missing << ")\n";
+    std::cout << "usage:\n" << usage << "(" << missing << ")\n";
     return 0;
   }
-  std::cerr << "megamoe: bench: " << missing << "\n";
+  std::cerr << "megamoe: " << command << ": " << missing << "\n";
   return kExitFailure;
 }
 
@@ -396,12 +406,13 @@ int cli_main(const std::vector<std::string>& args) {
     print_usage(std::cout);
     return 0;
   }
-  if (command == "bench") return bench_main(rest);
+  if (command == "bench") return companion_main("bench", "megamoe_layer_bench", "layer", bench_usage(), rest);
+  if (command == "soak") return companion_main("soak", "megamoe_soak", "soak", soak_usage(), rest);
   if (command == "info") {
     return command_main(rest, info_usage(), true, parse_info, [](const InfoOptions& options) { return info(options); });
   }
   if (command != "run") {
-    std::cerr << "megamoe: unknown command '" << command << "' (commands: run, info, bench, help)\n";
+    std::cerr << "megamoe: unknown command '" << command << "' (commands: run, info, bench, soak, help)\n";
     return kExitUsage;
   }
   return command_main(rest, run_usage(), true, parse_run, [](const RunOptions& options) {
