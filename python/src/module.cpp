@@ -772,6 +772,8 @@ NB_MODULE(_megamoe, m) {
       .def_rw("intermediate", &Problem::intermediate)
       .def_rw("num_shared_experts", &Problem::num_shared_experts)
       .def_rw("max_tokens_per_rank", &Problem::max_tokens_per_rank)
+      .def_rw("recv_capacity", &Problem::recv_capacity)
+      .def_prop_ro("mean_recv_routes", &Problem::mean_recv_routes)
       .def_prop_rw(
           "recipe", [](const Problem& p) { return std::string(to_string(p.recipe)); },
           [](Problem& p, const std::string& name) { p.recipe = recipe_from(name); })

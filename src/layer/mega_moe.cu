@@ -21,8 +21,8 @@ namespace megamoe {
 namespace {
 
 constexpr int kDispatchThreads = 512;
-constexpr int kPullThreads = 512;
-constexpr int kCombineThreads = 512;  // 128 registers: a round of nine slots in flight
+constexpr int kPullThreads = dispatch::kPullThreads;
+constexpr int kCombineThreads = combine::kCombineThreads;
 
 void cuda_ok(cudaError_t status, const char* what) {
   require(status == cudaSuccess, what, "failed: ", cudaGetErrorString(status));

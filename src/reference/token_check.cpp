@@ -8,9 +8,9 @@
 
 namespace megamoe {
 
-double token_noise(Recipe recipe) { return recipe == Recipe::bf16 ? 5e-3 : 2.1e-2; }
+double token_noise(Recipe recipe) { return recipe == Recipe::bf16 ? 5e-3 : 4.1e-2; }
 
-double token_bound(Recipe recipe) { return recipe == Recipe::bf16 ? 1e-2 : 3e-2; }
+double token_bound(Recipe recipe) { return recipe == Recipe::bf16 ? 1e-2 : 6e-2; }
 
 TokenCheck check_tokens(std::span<const uint16_t> got, std::span<const uint16_t> want, int32_t hidden,
                         Recipe recipe, std::span<const uint8_t> skip, std::span<const uint16_t> slots,

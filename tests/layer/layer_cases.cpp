@@ -145,6 +145,19 @@ std::vector<LayerCase> cases_for_ranks(int32_t ranks) {
   bad.bad_expert_rank = ranks - 1;
   cases.push_back(bad);
   if (quick()) shrink(cases);
+  // Receive capacity (Problem::recv_capacity) at, one above and one below the most routes a rank
+  // receives: the first two are exact, the last is refused on every rank.
+  for (int32_t margin : {0, 1, -1}) {
+    LayerCase capacity;
+    capacity.name = margin == 0 ? "capacity_at_the_routes" : margin > 0 ? "capacity_one_above" : "capacity_one_below";
+    capacity.num_experts = 8 * ranks;
+    capacity.top_k = 4;
+    capacity.num_shared_experts = 1;
+    capacity.routing = Routing::zipf;
+    capacity.tokens_per_rank = tokens(ranks, {300, 64});
+    capacity.capacity_margin = margin;
+    cases.push_back(capacity);
+  }
   return cases;
 }
 

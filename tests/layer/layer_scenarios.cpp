@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <span>
 
 #include "layer/sm_holder.h"
@@ -36,6 +37,17 @@ struct Device {
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
 };
+
+// The most routes one rank receives in a reference's call.
+int64_t most_routes_received(const ReferenceResult& reference) {
+  int64_t most = 0;
+  for (const auto& per_expert : reference.recv_counts) {
+    int64_t received = 0;
+    for (uint32_t count : per_expert) received += count;
+    most = std::max(most, received);
+  }
+  return most;
+}
 
 Problem case_problem(const LayerCase& c) {
   Problem p;
@@ -199,6 +211,17 @@ std::unique_ptr<CaseData> prepare(const LayerCase& c) {
   with_slots.keep_slots = true;
   data->reference = reference_moe(data->problem, data->batches, *data->weights, with_slots);
   if (c.nonfinite_tokens) poison_tokens(data->problem, data->batches, data->poisoned);
+  if (c.capacity_margin) {
+    data->problem.recv_capacity = most_routes_received(data->reference) + *c.capacity_margin;
+    if (*c.capacity_margin < 0) {
+      std::vector<int32_t> half(c.tokens_per_rank.size());
+      for (size_t r = 0; r < half.size(); ++r) half[r] = c.tokens_per_rank[r] / 2;
+      data->fitting_batches = synthetic_batches(data->problem, half, c.routing, seed + 7, c.masked_fraction);
+      data->fitting_reference = reference_moe(data->problem, data->fitting_batches, *data->weights, with_slots);
+      require(most_routes_received(data->fitting_reference) <= data->problem.recv_capacity, "capacity_margin",
+              "case ", c.name, ": half the tokens must fit the capacity");
+    }
+  }
   for (size_t v = 0; v < c.size_variants.size(); ++v) {
     data->variant_batches.push_back(
         synthetic_batches(data->problem, c.size_variants[v], c.routing, seed + 3 + v, c.masked_fraction));
@@ -224,6 +247,9 @@ void run_rank(Communicator& comm, const CaseData& data, Schedule schedule) {
   const TensorView y_view = TensorView::contiguous(y.data, DType::bf16, {tokens, p.hidden}, megamoe::Device::cuda);
   const TensorView stats_view =
       TensorView::contiguous(stats.data, DType::i64, {p.experts_per_rank()}, megamoe::Device::cuda);
+  // The call after a refused one (capacity_margin < 0) has its own inputs.
+  std::optional<DeviceBatch> fitting;
+  if (!data.fitting_batches.empty()) fitting.emplace(p, data.fitting_batches[p.rank].num_tokens);
   // Emulated ranks share one GPU, where an allocation may wait for another rank's spinning kernel:
   // every rank allocates before any rank launches, and frees only after every rank has finished.
   comm.barrier();
@@ -269,6 +295,37 @@ void run_rank(Communicator& comm, const CaseData& data, Schedule schedule) {
     // Each later kernel of the call stops at once after the first timeout; a few timeouts are slack.
     require(seconds <= 3 * timeout + 2.0, "check_device_error", "rank ", p.rank, " of case ", c.name,
             ": reported after ", seconds, " s, more than three timeouts (", timeout, " s) and 2 s");
+    return;
+  }
+
+  if (c.capacity_margin && *c.capacity_margin < 0) {
+    // Refused on every rank: y keeps its poison, and each rank's host hears of the capacity.
+    inputs.fill(data.batches[p.rank], stream);
+    cuda_ok(cudaMemsetAsync(y.data, 0xFF, y.count * sizeof(uint16_t), stream), "poison y");
+    call_layer(buffer, inputs.inputs(), weights.view(), y_view, stream, {});
+    std::string reported;
+    try {
+      buffer.check_device_error(stream);
+    } catch (const Error& e) {
+      reported = e.what();
+    }
+    std::printf("case %s rank %d reported: %s\n", c.name.c_str(), p.rank, reported.c_str());
+    require(reported.find("receive capacity") != std::string::npos, "check_device_error", "rank ", p.rank,
+            " of case ", c.name, ": expected the refused call's error, got: ", reported.empty() ? "no error" : reported);
+    std::vector<uint16_t> host_y(y.count);
+    if (!host_y.empty()) cuda_ok(cudaMemcpy(host_y.data(), y.data, y.count * 2, cudaMemcpyDeviceToHost), "download y");
+    for (size_t i = 0; i < host_y.size(); ++i)
+      require(host_y[i] == 0xFFFF, "y", "rank ", p.rank, " of case ", c.name, ": a refused call wrote element ", i);
+    // The error checked, the buffer is whole: a call that fits is exact.
+    const int32_t fitting_tokens = data.fitting_batches[p.rank].num_tokens;
+    fitting->fill(data.fitting_batches[p.rank], stream);
+    const TensorView fitting_y =
+        TensorView::contiguous(y.data, DType::bf16, {fitting_tokens, p.hidden}, megamoe::Device::cuda);
+    call_layer(buffer, fitting->inputs(), weights.view(), fitting_y, stream, {});
+    buffer.check_device_error(stream);
+    host_y.assign(size_t(fitting_tokens) * p.hidden, 0);
+    if (!host_y.empty()) cuda_ok(cudaMemcpy(host_y.data(), y.data, host_y.size() * 2, cudaMemcpyDeviceToHost), "y");
+    check_y(data, "case " + c.name + " (the call after the refused one)", p.rank, data.fitting_reference, host_y);
     return;
   }
 

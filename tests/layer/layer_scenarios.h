@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,10 @@ struct LayerCase {
   // This rank never calls the layer: the others' spin-waits must time out (set MEGAMOE_TIMEOUT_MS
   // short) and check_device_error must name it.
   int32_t absent_rank = -1;
+  // Problem::recv_capacity = the most routes any rank receives + this margin (unset: the worst case).
+  // Below zero, the call must be refused on every rank (y untouched, an error naming the capacity),
+  // and the next call, with fewer tokens, must be exact.
+  std::optional<int32_t> capacity_margin;
 };
 
 // Inputs and expected outputs of one case, built on the host before any rank starts.
@@ -63,6 +68,9 @@ struct CaseData {
   std::vector<std::vector<uint8_t>> poisoned;
   uint64_t seed = 0;
   std::string replay;  // the command that runs this case again with this seed
+  // capacity_margin < 0: the inputs and reference of the call after the refused one (half the tokens).
+  std::vector<RankBatch> fitting_batches;
+  ReferenceResult fitting_reference;
 };
 
 std::unique_ptr<CaseData> prepare(const LayerCase& c);

@@ -55,10 +55,13 @@ const char* run_usage() {
 
 const char* info_usage() {
   return "  megamoe info --preset NAME [--tokens N] [--ranks R] [--recipe fp8|fp8_fp4|bf16]\n"
+         "               [--recv-capacity ROUTES]\n"
          "\n"
          "Prints the symmetric buffer one rank allocates for this problem, region by region, and its\n"
          "total, with the memory a run of it needs. Nothing is computed.\n"
-         "  --tokens   the most tokens per rank of one call (default: the preset's)\n";
+         "  --tokens         the most tokens per rank of one call (default: the preset's)\n"
+         "  --recv-capacity  routes one rank's pools hold per call (Problem::recv_capacity; default 0:\n"
+         "                   the worst case). A call that sends some rank more is refused on every rank.\n";
 }
 
 const char* bench_usage() {
@@ -144,7 +147,7 @@ struct InfoOptions {
 };
 
 InfoOptions parse_info(const std::vector<std::string>& args) {
-  const Flags flags(args, {"--preset", "--tokens", "--ranks", "--recipe"});
+  const Flags flags(args, {"--preset", "--tokens", "--ranks", "--recipe", "--recv-capacity"});
   InfoOptions options;
   options.preset = &preset_flag(flags);
   int32_t tokens = options.preset->default_tokens;
@@ -154,6 +157,8 @@ InfoOptions parse_info(const std::vector<std::string>& args) {
     require(parse_recipe(*text, options.problem.recipe), "--recipe", "must be fp8, fp8_fp4 or bf16, got '", *text,
             "'");
   }
+  if (auto text = flags.value("--recv-capacity"))
+    options.problem.recv_capacity = parse_number<int64_t>("--recv-capacity", *text, 0, int64_t{1} << 31);
   validate(options.problem);
   return options;
 }
@@ -169,7 +174,8 @@ int info(const InfoOptions& options) {
               format_bytes(gpu_run_device_bytes(p, p.max_tokens_per_rank, false)).c_str(),
               format_bytes(gpu_run_device_bytes(p, p.max_tokens_per_rank, true)).c_str(), p.num_ranks,
               format_bytes(cpu_run_host_bytes(p, p.max_tokens_per_rank, 0)).c_str());
-  std::printf("symmetric buffer of one rank (%u pool rows, %u tokens):\n", layout.pool_rows, layout.max_tokens);
+  std::printf("symmetric buffer of one rank (%u pool rows for %u received routes, %u tokens):\n", layout.pool_rows,
+              layout.recv_capacity, layout.max_tokens);
   layout.for_each_region([](const char* name, const Region& region) {
     std::printf("  %-18s %16llu bytes %12.2f MiB\n", name, static_cast<unsigned long long>(region.bytes),
                 static_cast<double>(region.bytes) / (1 << 20));

@@ -6,7 +6,9 @@
 
 namespace megamoe::combine {
 
-__global__ void combine_kernel(const CombineArgs a) {
+// 128 registers per thread: a round of nine slots in flight.
+inline constexpr int kCombineThreads = 512;
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineArgs a) {
   wait_for_prior_kernels();
   allow_next_kernel();
   if (device::rank_timed_out(a.control) ||

@@ -32,8 +32,10 @@ __global__ void send_routes(const DispatchArgs a, const StagedInputs staged) {
   if (device::last_block_to_finish(control) && !timed_out) publish_counts(a);
 }
 
-// Dynamic shared memory: (experts_per_rank * num_ranks + 1) u32.
-__global__ void pull(const DispatchArgs a) {
+// Dynamic shared memory: (experts_per_rank * num_ranks + 1) u32. The launch bounds hold the
+// registers to what the block size allows (a launch asking for more would fail).
+inline constexpr int kPullThreads = 512;
+__global__ void __launch_bounds__(kPullThreads) pull(const DispatchArgs a) {
   extern __shared__ uint32_t segment_begin[];
   wait_for_prior_kernels();
   allow_next_kernel();
