@@ -144,6 +144,9 @@ count_reports() {
 # within the step's 8 minutes are rows with errors -1 and the reason in explained.
 step_sanitize() {
   local dir=$1 outfile=$2 budget=480 start=$SECONDS first=1
+  # The logs travel as one archive beside the JSON: the device machine returns at most 8 files.
+  local logs="$OUT/sanitize-logs"
+  mkdir -p "$logs"
   local binaries; mapfile -t binaries < <(gpu_test_binaries "$dir")
   if [ ${#binaries[@]} -eq 0 ]; then echo "sanitize: no GPU test binaries under $dir"; status=1; return; fi
   mkdir -p "$(dirname "$outfile")"
@@ -152,7 +155,7 @@ step_sanitize() {
   for tool in memcheck racecheck synccheck initcheck; do
     for binary in "${binaries[@]}"; do
       local base; base=$(basename "$binary")
-      local log="$OUT/sanitize-$tool-$base.log" errors=-1 filtered=0 rc=-1 explained="" took=0
+      local log="$logs/$tool-$base.log" errors=-1 filtered=0 rc=-1 explained="" took=0
       local left=$((budget - (SECONDS - start)))
       # Each run may take twice its even share of what is left (at least 15 s), so that a slow run
       # cannot starve the tools after it.
@@ -186,7 +189,8 @@ step_sanitize() {
     done
   done
   printf '  ]\n}\n' >>"$outfile"
-  echo "wrote $outfile"
+  tar czf "$OUT/sanitize-logs.tar.gz" -C "$logs" . && rm -rf "$logs"
+  echo "wrote $outfile and $OUT/sanitize-logs.tar.gz"
 }
 
 # The sequence that once ended in an illegal address (issue 33), reduced, N times; stops at the first
