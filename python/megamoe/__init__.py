@@ -25,8 +25,10 @@ __all__ = ["__version__", "Problem", "RECIPES", "make_problem", "presets", "pres
 
 def make_problem(*, num_experts: int, top_k: int, hidden: int, intermediate: int, max_tokens_per_rank: int,
                  num_ranks: int = 1, rank: int = 0, num_shared_experts: int = 0, recipe: str = "fp8",
-                 validate: bool = True) -> Problem:
-    """A Problem from keywords; validated unless validate=False (ValueError names the field and rule)."""
+                 recv_capacity: int = 0, validate: bool = True) -> Problem:
+    """A Problem from keywords; validated unless validate=False (ValueError names the field and rule).
+    ``recv_capacity``: the routes one rank's expert pools hold per call (0: the worst case); a call past
+    it is refused on every rank and ``check_device_error`` raises (e.g. ``2 * problem.mean_recv_routes``)."""
     problem = Problem()
     problem.num_ranks = num_ranks
     problem.rank = rank
@@ -37,6 +39,7 @@ def make_problem(*, num_experts: int, top_k: int, hidden: int, intermediate: int
     problem.num_shared_experts = num_shared_experts
     problem.max_tokens_per_rank = max_tokens_per_rank
     problem.recipe = recipe
+    problem.recv_capacity = recv_capacity
     if validate:
         problem.validate()
     return problem

@@ -62,7 +62,7 @@ def _nccl_communicator(group, device: int):
 def _copy_problem(problem):
     copy = _megamoe.Problem()
     for name in ("num_ranks", "rank", "num_experts", "top_k", "hidden", "intermediate", "num_shared_experts",
-                 "max_tokens_per_rank", "recipe"):
+                 "max_tokens_per_rank", "recipe", "recv_capacity"):
         setattr(copy, name, getattr(problem, name))
     return copy
 
@@ -82,7 +82,10 @@ class Buffer:
 
     Either ``problem`` (a :class:`megamoe.Problem`, e.g. from :func:`megamoe.preset_problem`) or the
     keyword shapes (DeepGEMM's names) describe the layer; the rank and the number of ranks come from the
-    group. ``activation_scales`` says how ``x_sf`` holds the activation scales of the fp8 recipes:
+    group. ``recv_capacity`` (default: the problem's, 0 = the worst case) bounds the routes one rank
+    receives per call and with it the buffer; a call past it writes no output and
+    :meth:`check_device_error` raises on every rank. ``activation_scales`` says how ``x_sf`` holds the
+    activation scales of the fp8 recipes:
     ``"block"``: float32 [tokens, hidden / 128], one scale per 1x128 (the library's own format, read in
     place); ``"mx"`` (fp8_fp4 only): DeepGEMM's recipe (1, 1, 32), UE8M0 per 32 packed four to an int32
     [tokens, hidden / 128], converted on the GPU at each call (``megamoe/mx.h``: exact wherever the
@@ -97,7 +100,7 @@ class Buffer:
                  num_max_tokens_per_rank: Optional[int] = None, num_topk: Optional[int] = None,
                  hidden: Optional[int] = None, intermediate_hidden: Optional[int] = None,
                  num_shared_experts: int = 0, recipe: Optional[str] = None, activation_scales: str = "block",
-                 communicator=None):
+                 recv_capacity: Optional[int] = None, communicator=None):
         if communicator is None:
             if not torch.cuda.is_available():
                 raise RuntimeError("Buffer: no CUDA device is available")
@@ -121,6 +124,8 @@ class Buffer:
             if recipe is not None:
                 problem.recipe = recipe
             problem.num_ranks, problem.rank = size, rank
+        if recv_capacity is not None:
+            problem.recv_capacity = recv_capacity
         if activation_scales not in ("block", "mx"):
             raise ValueError(f"activation_scales: must be 'block' or 'mx', got {activation_scales!r}")
         if activation_scales == "mx" and problem.recipe != "fp8_fp4":
@@ -199,7 +204,8 @@ class Buffer:
 def get_symm_buffer_for_mega_moe(group, num_experts: int, num_max_tokens_per_rank: int, num_topk: int,
                                  hidden: int, intermediate_hidden: int, use_fp8_dispatch: Optional[bool] = None,
                                  mma_type: str = "fp8xfp4", activation: str = "swiglu", *,
-                                 num_shared_experts: int = 0, activation_scales: Optional[str] = None) -> Buffer:
+                                 num_shared_experts: int = 0, activation_scales: Optional[str] = None,
+                                 recv_capacity: int = 0) -> Buffer:
     """DeepGEMM's buffer getter: ``mma_type`` 'fp8xfp4' (MXFP4 weights; activations with UE8M0 scales per
     32 by default, as upstream), 'fp8xfp8' (this library's fp8 recipe: 128x128 FP32 weight scales, 1x128
     activation scales; upstream's is per-32 UE8M0) or 'bf16xbf16'."""
@@ -214,7 +220,7 @@ def get_symm_buffer_for_mega_moe(group, num_experts: int, num_max_tokens_per_ran
         activation_scales = "mx" if recipe == "fp8_fp4" else "block"
     return Buffer(group, num_experts=num_experts, num_max_tokens_per_rank=num_max_tokens_per_rank, num_topk=num_topk,
                   hidden=hidden, intermediate_hidden=intermediate_hidden, num_shared_experts=num_shared_experts,
-                  recipe=recipe, activation_scales=activation_scales)
+                  recipe=recipe, activation_scales=activation_scales, recv_capacity=recv_capacity)
 
 
 # ---- Weights -------------------------------------------------------------------------------------------
