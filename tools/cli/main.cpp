@@ -36,7 +36,7 @@ constexpr int kExitUsage = 2;
 const char* run_usage() {
   return "  megamoe run --preset NAME [--tokens N] [--ranks R] [--recipe fp8|fp8_fp4|bf16]\n"
          "              [--routing uniform|zipf|one_expert] [--backend auto|cpu|gpu] [--seed S]\n"
-         "              [--threads T] [--dump DIR]\n"
+         "              [--threads T] [--dump DIR] [--recv-capacity ROUTES]\n"
          "\n"
          "Runs one expert-parallel MoE layer on all ranks of one process with synthetic weights and\n"
          "tokens, and prints receive counts, output checksums and timings. A problem that does not fit\n"
@@ -50,7 +50,9 @@ const char* run_usage() {
          "  --seed     seed of the synthetic data (default 1)\n"
          "  --threads  CPU backend worker threads, 0 = all (default 0)\n"
          "  --dump     write inputs, outputs and used expert weights as .npy files and manifest.json\n"
-         "             (tools/check_dump.py DIR recomputes y from them)\n";
+         "             (tools/check_dump.py DIR recomputes y from them)\n"
+         "  --recv-capacity  routes one rank's pools hold per call (default 0: the worst case); a call\n"
+         "             that sends some rank more is refused, with an error naming the rank\n";
 }
 
 const char* info_usage() {
@@ -111,7 +113,7 @@ struct RunOptions {
 // Throws megamoe::Error naming the flag for anything the command line gets wrong.
 RunOptions parse_run(const std::vector<std::string>& args) {
   const Flags flags(args, {"--preset", "--tokens", "--ranks", "--recipe", "--routing", "--backend", "--seed",
-                           "--threads", "--dump"});
+                           "--threads", "--dump", "--recv-capacity"});
 
   RunOptions options;
   options.preset = &preset_flag(flags);
@@ -137,8 +139,23 @@ RunOptions parse_run(const std::vector<std::string>& args) {
     require(!text->empty(), "--dump", "needs a directory");
     options.dump_dir = *text;
   }
+  if (auto text = flags.value("--recv-capacity"))
+    options.problem.recv_capacity = parse_number<int64_t>("--recv-capacity", *text, 0, int64_t{1} << 31);
   validate(options.problem);
   return options;
+}
+
+// The CPU backend refuses a call past the receive capacity as the GPU does (which checks on the device).
+void check_recv_capacity(const Problem& problem, const std::vector<RankBatch>& batches) {
+  if (problem.recv_capacity == 0) return;
+  std::vector<int64_t> received(static_cast<size_t>(problem.num_ranks), 0);
+  for (const RankBatch& batch : batches)
+    for (int32_t expert : batch.topk_idx)
+      if (expert >= 0) ++received[static_cast<size_t>(problem.owner_rank(expert))];
+  for (int32_t rank = 0; rank < problem.num_ranks; ++rank)
+    require(received[rank] <= problem.recv_capacity, "--recv-capacity", "rank ", rank, " receives ", received[rank],
+            " routes, more than its receive capacity ", problem.recv_capacity,
+            ": the call is refused on every rank (raise it, or leave it 0 for the worst case)");
 }
 
 struct InfoOptions {
@@ -294,6 +311,9 @@ int run(const RunOptions& options, const BackendChoice& choice) {
   std::printf("preset: %s (%s)\n", std::string(options.preset->name).c_str(),
               std::string(options.preset->note).c_str());
   std::printf("problem: %s\n", describe(problem).c_str());
+  const BufferLayout layout = BufferLayout::make(problem);
+  std::printf("buffer: %.2f GiB per rank (pools for %u received routes)\n",
+              static_cast<double>(layout.total_bytes) / (1ull << 30), layout.recv_capacity);
   std::printf("data: %d tokens on each of %d ranks, routing %s, seed %llu\n", options.tokens, problem.num_ranks,
               std::string(to_string(options.routing)).c_str(), static_cast<unsigned long long>(options.seed));
   std::printf("backend: %s (%s)\n", std::string(to_string(choice.kind)).c_str(), choice.reason.c_str());
@@ -304,6 +324,7 @@ int run(const RunOptions& options, const BackendChoice& choice) {
   const std::vector<RankBatch> batches = synthetic_batches(problem, tokens, options.routing, options.seed);
   const SyntheticWeights weights(problem, options.seed);
   const double data_seconds = seconds_since(data_start);
+  if (choice.kind == BackendKind::cpu) check_recv_capacity(problem, batches);
   if (options.dump_dir) {
     std::error_code error;
     const std::filesystem::space_info space = std::filesystem::space(*options.dump_dir, error);
