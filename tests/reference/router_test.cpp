@@ -41,6 +41,19 @@ void expect_rejected(const RouterConfig& config, const std::string& field, const
 
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
+// Eight experts in four groups of two, top-2 among the best two groups, and logits for them: expert
+// 6 alone scores highest, but its group (6, 7) sums lower than groups (0, 1) and (2, 3).
+RouterConfig four_groups_of_two() {
+  RouterConfig config;
+  config.num_experts = 8;
+  config.top_k = 2;
+  config.scoring = RouterScoring::sigmoid;
+  config.num_groups = 4;
+  config.topk_groups = 2;
+  return config;
+}
+const std::vector<float> kGroupLogits = {1.0f, 1.0f, 1.5f, 0.8f, -3.0f, -3.0f, 4.0f, -4.0f};
+
 TEST(Router, SoftmaxTopKNormalizedAndNot) {
   const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 0.0f};
   const Routed normalized = route(softmax_router(4, 2, true), logits);
@@ -62,18 +75,11 @@ TEST(Router, TiesGoToTheLowerIndex) {
   EXPECT_EQ(lower.idx, (std::vector<int32_t>{1, 3, 0}));
 }
 
-// Eight experts in four groups of two, top-2 among the best two groups. Expert 6 alone scores
-// highest, but its group (6, 7) sums lower than groups (0, 1) and (2, 3): it is not chosen.
+// Expert 6 is not chosen: its group is not among the best two.
 TEST(Router, SigmoidChoosesAmongTheBestGroupsOnly) {
-  RouterConfig config;
-  config.num_experts = 8;
-  config.top_k = 2;
-  config.scoring = RouterScoring::sigmoid;
-  config.num_groups = 4;
-  config.topk_groups = 2;
+  RouterConfig config = four_groups_of_two();
   config.routed_scaling = 2.0f;
-  const std::vector<float> logits = {1.0f, 1.0f, 1.5f, 0.8f, -3.0f, -3.0f, 4.0f, -4.0f};
-  const Routed routed = route(config, logits);
+  const Routed routed = route(config, kGroupLogits);
   EXPECT_EQ(routed.idx, (std::vector<int32_t>{2, 0}));
   const float s2 = sigmoid(1.5f), s0 = sigmoid(1.0f);
   EXPECT_NEAR(routed.weights[0], 2.0f * s2 / (s2 + s0), 1e-6);
@@ -81,22 +87,16 @@ TEST(Router, SigmoidChoosesAmongTheBestGroupsOnly) {
   // With one group, expert 6 wins.
   config.num_groups = 1;
   config.topk_groups = 1;
-  EXPECT_EQ(route(config, logits).idx[0], 6);
+  EXPECT_EQ(route(config, kGroupLogits).idx[0], 6);
 }
 
 // The bias moves the choice (of groups and experts), never the weights.
 TEST(Router, SigmoidBiasChoosesButDoesNotWeigh) {
-  RouterConfig config;
-  config.num_experts = 8;
-  config.top_k = 2;
-  config.scoring = RouterScoring::sigmoid;
-  config.num_groups = 4;
-  config.topk_groups = 2;
+  RouterConfig config = four_groups_of_two();
   config.normalize = false;
-  const std::vector<float> logits = {1.0f, 1.0f, 1.5f, 0.8f, -3.0f, -3.0f, 4.0f, -4.0f};
   std::vector<float> bias(8, 0.0f);
   bias[4] = bias[5] = 2.0f;  // group (4, 5) now sums highest, and its experts lead
-  const Routed routed = route(config, logits, bias);
+  const Routed routed = route(config, kGroupLogits, bias);
   EXPECT_EQ(routed.idx, (std::vector<int32_t>{4, 5}));
   EXPECT_NEAR(routed.weights[0], sigmoid(-3.0f), 1e-7);
   EXPECT_NEAR(routed.weights[1], sigmoid(-3.0f), 1e-7);
