@@ -1,4 +1,5 @@
-// The whole layer with 1, 2, 4 and 8 ranks emulated on one GPU, against the CPU reference.
+// The whole layer with 1, 2, 4 and 8 ranks emulated on one GPU, against the CPU reference; and one
+// process driving two GPUs.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -46,6 +47,31 @@ TEST_P(EmulatedAbsentRank, RankThatNeverCalls) {
               0)
         << to_string(schedule) << " schedule: ranks failed; see stderr; replay: " << data->replay;
   }
+}
+
+// One process driving two GPUs, one after the other: the kernels' attributes (their shared-memory
+// size) are set per device, so the second device's launches must succeed as the first's do.
+TEST(TwoDevicesOneProcess, EachDeviceRunsTheLayer) {
+  MEGAMOE_SKIP_WITHOUT_GPU();
+  int devices = 0;
+  MEGAMOE_CUDA_OK(cudaGetDeviceCount(&devices));
+  if (devices < 2) GTEST_SKIP() << "needs two GPUs, found " << devices;
+  layer_test::LayerCase c;
+  c.name = "two_devices_one_process";
+  c.num_experts = 16;
+  c.top_k = 4;
+  c.num_shared_experts = 1;
+  c.tokens_per_rank = {300, 64};
+  const auto data = layer_test::prepare(c);
+  for (int32_t device : {0, 1})
+    for (Schedule schedule : {Schedule::staged, Schedule::fused}) {
+      std::printf("device %d, %s schedule\n", device, std::string(to_string(schedule)).c_str());
+      EXPECT_EQ(run_ranks(2, LaunchMode::emulated,
+                          [&](Communicator& comm) { layer_test::run_rank(comm, *data, schedule); }, device),
+                0)
+          << "device " << device << ", " << to_string(schedule) << " schedule: ranks failed; see stderr; replay: "
+          << data->replay;
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, EmulatedLayer, ::testing::Values(1, 2, 4, 8),
