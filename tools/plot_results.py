@@ -322,7 +322,7 @@ def comm_summary(results):
 # ---- Markdown ----------------------------------------------------------------------------------------
 
 TABLES = {
-    "README.md": {"layer": layer_summary, "gemm": gemm_summary, "comm": comm_summary},
+    "README.md": {"layer": layer_summary, "gemm": gemm_summary},
     "docs/results.md": {"layer": layer_details, "gemm": gemm_details, "comm": comm_summary},
 }
 
