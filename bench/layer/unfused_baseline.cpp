@@ -298,14 +298,14 @@ struct UnfusedBaseline::Impl {
     for (int32_t e = 0; e < local_experts; ++e) {
       if (expert_rows[e] == 0) continue;
       gemms->run(Linear::first, static_cast<int32_t>(2 * i), static_cast<int32_t>(h),
-                 static_cast<int32_t>(expert_rows[e]), w.w1.as<uint8_t>() + e * w1_bytes,
+                 static_cast<int32_t>(expert_rows[e]), w.routed.w1.values.as<uint8_t>() + e * w1_bytes,
                  expert_x + expert_offset[e] * x_row_bytes, l1_out + expert_offset[e] * 2 * i, stream);
     }
     baseline::swiglu(l1_out, total_received, p.intermediate, fp8, kSwigluScale, l2_in, stream);
     for (int32_t e = 0; e < local_experts; ++e) {
       if (expert_rows[e] == 0) continue;
       gemms->run(Linear::second, static_cast<int32_t>(h), static_cast<int32_t>(i), static_cast<int32_t>(expert_rows[e]),
-                 w.w2.as<uint8_t>() + e * w2_bytes, l2_in + expert_offset[e] * i * act_bytes,
+                 w.routed.w2.values.as<uint8_t>() + e * w2_bytes, l2_in + expert_offset[e] * i * act_bytes,
                  l2_out + expert_offset[e] * h, stream);
     }
 
@@ -326,10 +326,10 @@ struct UnfusedBaseline::Impl {
       const int64_t si = shared_intermediate;
       MEGAMOE_CHECK_CUDA(cudaMemcpyAsync(shared_x, in.x.data, in.x.bytes(), cudaMemcpyDeviceToDevice, stream));
       gemms->run(Linear::first, static_cast<int32_t>(2 * si), static_cast<int32_t>(h), static_cast<int32_t>(tokens),
-                 w.shared_w1.data, shared_x, shared_l1_out, stream);
+                 w.shared.w1.values.data, shared_x, shared_l1_out, stream);
       baseline::swiglu(shared_l1_out, tokens, shared_intermediate, fp8, kSwigluScale, shared_l2_in, stream);
       gemms->run(Linear::second, static_cast<int32_t>(h), static_cast<int32_t>(si), static_cast<int32_t>(tokens),
-                 w.shared_w2.data, shared_l2_in, shared_l2_out, stream);
+                 w.shared.w2.values.data, shared_l2_in, shared_l2_out, stream);
     }
     baseline::combine(results, route_position, in.topk_weights.as<float>(), shared ? shared_l2_out : nullptr,
                       static_cast<int32_t>(tokens), p.top_k, p.hidden, y.as<uint16_t>(), stream);

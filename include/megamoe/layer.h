@@ -23,27 +23,38 @@ struct LayerInputs {
   float activation_clamp = 0.0f;
 };
 
-// This rank's expert weights in the transformed layout (weights.h), in device memory.
-//   fp8:     w* E4M3 [.., rows, cols], *_scales f32 per 64 rows x 128 columns.
-//   fp8_fp4: w* packed E2M1 pairs (e2m1x2) [.., rows, cols / 2] with the sign bits of each 32-bit
-//            word interleaved; *_scales f32 per 64 rows x 128 columns and *_shifts u8
-//            [cols / 128, experts * rows, 4] derived from the UE8M0 scales (kernels/gemm/fp4_scales.h
-//            prepares all three; DeviceWeights does it).
-//   bf16:    w* BF16, no scales.
+// One linear of a group of experts in the transformed layout (weights.h), in device memory: W1
+// [experts, 2I, hidden] or W2 [experts, hidden, I]. Each recipe reads its own fields; make one with
+// the constructor of its recipe.
+//   fp8:     values E4M3 [experts, rows, cols]; scales f32 [experts, rows / 64, cols / 128].
+//   fp8_fp4: values packed E2M1 pairs (e2m1x2) [experts, rows, cols / 2] with the sign bits of each
+//            32-bit word interleaved; scales as fp8; shifts u8 [cols / 128, experts * rows, 4] derived
+//            from the UE8M0 scales (kernels/gemm/fp4_scales.h prepares all three; DeviceWeights does it).
+//   bf16:    values BF16 [experts, rows, cols].
+struct LinearWeights {
+  TensorView values;
+  TensorView scales;
+  TensorView shifts;
+
+  static LinearWeights fp8(const TensorView& e4m3, const TensorView& scales) { return {e4m3, scales, {}}; }
+  static LinearWeights fp8_fp4(const TensorView& e2m1x2, const TensorView& scales, const TensorView& shifts) {
+    return {e2m1x2, scales, shifts};
+  }
+  static LinearWeights bf16(const TensorView& bf16) { return {bf16, {}, {}}; }
+};
+
+// Both linears of a group of experts.
+struct ExpertGroupWeights {
+  LinearWeights w1;  // [experts, 2I, hidden]: gate and up, interleaved in 64-row blocks
+  LinearWeights w2;  // [experts, hidden, I]
+};
+
+// This rank's expert weights.
 struct LayerWeights {
-  TensorView w1;         // [experts_per_rank, 2I, hidden]
-  TensorView w1_scales;  // [experts_per_rank, 2I / 64, hidden / 128] f32
-  TensorView w1_shifts;  // fp8_fp4: [hidden / 128, experts_per_rank * 2I, 4] u8
-  TensorView w2;         // [experts_per_rank, hidden, I]
-  TensorView w2_scales;  // [experts_per_rank, hidden / 64, I / 128] f32
-  TensorView w2_shifts;  // fp8_fp4: [I / 128, experts_per_rank * hidden, 4] u8
-  // The shared experts concatenated into one (concat_shared_experts), when num_shared_experts > 0.
-  TensorView shared_w1;         // [1, 2SI, hidden]
-  TensorView shared_w1_scales;  // [1, 2SI / 64, hidden / 128]
-  TensorView shared_w1_shifts;  // fp8_fp4: [hidden / 128, 2SI, 4]
-  TensorView shared_w2;         // [1, hidden, SI]
-  TensorView shared_w2_scales;  // [1, hidden / 64, SI / 128]
-  TensorView shared_w2_shifts;  // fp8_fp4: [SI / 128, hidden, 4]
+  ExpertGroupWeights routed;  // the rank's experts_per_rank routed experts
+  // The shared experts concatenated into one (concat_shared_experts: [1, 2SI, hidden] and
+  // [1, hidden, SI]), when num_shared_experts > 0.
+  ExpertGroupWeights shared;
 };
 
 // Options of one call.

@@ -258,18 +258,18 @@ std::shared_ptr<PyLayerWeights> make_layer_weights(const std::string& recipe_nam
     const std::string name = nb::cast<std::string>(key);
     if (value.is_none()) continue;
     LayerWeights& w = out->view;
-    TensorView* slot = name == "w1"                 ? &w.w1
-                       : name == "w1_scales"        ? &w.w1_scales
-                       : name == "w1_shifts"        ? &w.w1_shifts
-                       : name == "w2"               ? &w.w2
-                       : name == "w2_scales"        ? &w.w2_scales
-                       : name == "w2_shifts"        ? &w.w2_shifts
-                       : name == "shared_w1"        ? &w.shared_w1
-                       : name == "shared_w1_scales" ? &w.shared_w1_scales
-                       : name == "shared_w1_shifts" ? &w.shared_w1_shifts
-                       : name == "shared_w2"        ? &w.shared_w2
-                       : name == "shared_w2_scales" ? &w.shared_w2_scales
-                       : name == "shared_w2_shifts" ? &w.shared_w2_shifts
+    TensorView* slot = name == "w1"                 ? &w.routed.w1.values
+                       : name == "w1_scales"        ? &w.routed.w1.scales
+                       : name == "w1_shifts"        ? &w.routed.w1.shifts
+                       : name == "w2"               ? &w.routed.w2.values
+                       : name == "w2_scales"        ? &w.routed.w2.scales
+                       : name == "w2_shifts"        ? &w.routed.w2.shifts
+                       : name == "shared_w1"        ? &w.shared.w1.values
+                       : name == "shared_w1_scales" ? &w.shared.w1.scales
+                       : name == "shared_w1_shifts" ? &w.shared.w1.shifts
+                       : name == "shared_w2"        ? &w.shared.w2.values
+                       : name == "shared_w2_scales" ? &w.shared.w2.scales
+                       : name == "shared_w2_shifts" ? &w.shared.w2.shifts
                                                     : nullptr;
     require(slot != nullptr, name.c_str(), "is not a weight tensor (w1, w1_scales, w1_shifts, w2, ..., shared_w2_shifts)");
     const Array array = nb::cast<Array>(value);

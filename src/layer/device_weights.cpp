@@ -33,10 +33,6 @@ void upload(char* destination, const void* data, uint64_t bytes) {
   require(status == cudaSuccess, "DeviceWeights", "upload failed: ", cudaGetErrorString(status));
 }
 
-struct Stacked {
-  TensorView w1, w1_scales, w1_shifts, w2, w2_scales, w2_shifts;
-};
-
 // fp8_fp4: uploads the transformed UE8M0 scales of `experts` stacked matrices and prepares them.
 void prepare_fp4(DeviceWeights::Allocations& memory, char* codes, const std::vector<uint8_t>& mx_scales,
                  int64_t experts, int64_t rows, int64_t cols, TensorView& scales, TensorView& shifts) {
@@ -53,7 +49,7 @@ void prepare_fp4(DeviceWeights::Allocations& memory, char* codes, const std::vec
 
 // Transforms `count` experts (fetched by `fetch(i)`) and stacks them into device tensors.
 template <typename Fetch>
-Stacked stack(DeviceWeights::Allocations& memory, Recipe recipe, int32_t hidden, int32_t intermediate, int32_t count,
+ExpertGroupWeights stack(DeviceWeights::Allocations& memory, Recipe recipe, int32_t hidden, int32_t intermediate, int32_t count,
               const Fetch& fetch) {
   const StoredExpertSizes sizes = transformed_sizes(recipe, hidden, intermediate);
   const bool f32_scales = recipe == Recipe::fp8;
@@ -76,16 +72,16 @@ Stacked stack(DeviceWeights::Allocations& memory, Recipe recipe, int32_t hidden,
     }
   }
   const int64_t n = count, h = hidden, i = intermediate;
-  Stacked s;
+  ExpertGroupWeights s;
   const DType codes = packed ? DType::e2m1x2 : activation_dtype(recipe);
-  s.w1 = TensorView::contiguous(w1, codes, {n, 2 * i, packed ? h / 2 : h}, Device::cuda);
-  s.w2 = TensorView::contiguous(w2, codes, {n, h, packed ? i / 2 : i}, Device::cuda);
+  s.w1.values = TensorView::contiguous(w1, codes, {n, 2 * i, packed ? h / 2 : h}, Device::cuda);
+  s.w2.values = TensorView::contiguous(w2, codes, {n, h, packed ? i / 2 : i}, Device::cuda);
   if (f32_scales) {
-    s.w1_scales = TensorView::contiguous(w1_scales, DType::f32, {n, 2 * i / 64, h / 128}, Device::cuda);
-    s.w2_scales = TensorView::contiguous(w2_scales, DType::f32, {n, h / 64, i / 128}, Device::cuda);
+    s.w1.scales = TensorView::contiguous(w1_scales, DType::f32, {n, 2 * i / 64, h / 128}, Device::cuda);
+    s.w2.scales = TensorView::contiguous(w2_scales, DType::f32, {n, h / 64, i / 128}, Device::cuda);
   } else if (packed) {
-    prepare_fp4(memory, w1, w1_mx, n, 2 * i, h, s.w1_scales, s.w1_shifts);
-    prepare_fp4(memory, w2, w2_mx, n, h, i, s.w2_scales, s.w2_shifts);
+    prepare_fp4(memory, w1, w1_mx, n, 2 * i, h, s.w1.scales, s.w1.shifts);
+    prepare_fp4(memory, w2, w2_mx, n, h, i, s.w2.scales, s.w2.shifts);
   }
   return s;
 }
@@ -111,27 +107,14 @@ DeviceWeights::DeviceWeights(const Problem& problem, const WeightSource& source)
   validate(problem);
   const int32_t local_experts = problem.experts_per_rank();
   const int32_t first_expert = problem.rank * local_experts;
-  const Stacked routed = stack(*allocations_, problem.recipe, problem.hidden, problem.intermediate, local_experts,
-                               [&](int32_t e) { return source.routed_expert(first_expert + e); });
-  view_.w1 = routed.w1;
-  view_.w1_scales = routed.w1_scales;
-  view_.w1_shifts = routed.w1_shifts;
-  view_.w2 = routed.w2;
-  view_.w2_scales = routed.w2_scales;
-  view_.w2_shifts = routed.w2_shifts;
+  view_.routed = stack(*allocations_, problem.recipe, problem.hidden, problem.intermediate, local_experts,
+                       [&](int32_t e) { return source.routed_expert(first_expert + e); });
   if (problem.num_shared_experts == 0) return;
   std::vector<StoredExpert> shared;
   for (int32_t s = 0; s < problem.num_shared_experts; ++s) shared.push_back(source.shared_expert(s));
   const StoredExpert concatenated = concat_shared_experts(shared, problem.recipe);
-  const Stacked stacked = stack(*allocations_, problem.recipe, problem.hidden,
-                                problem.num_shared_experts * problem.intermediate, 1,
-                                [&](int32_t) { return concatenated; });
-  view_.shared_w1 = stacked.w1;
-  view_.shared_w1_scales = stacked.w1_scales;
-  view_.shared_w1_shifts = stacked.w1_shifts;
-  view_.shared_w2 = stacked.w2;
-  view_.shared_w2_scales = stacked.w2_scales;
-  view_.shared_w2_shifts = stacked.w2_shifts;
+  view_.shared = stack(*allocations_, problem.recipe, problem.hidden, problem.num_shared_experts * problem.intermediate,
+                       1, [&](int32_t) { return concatenated; });
 }
 
 DeviceWeights::DeviceWeights() : allocations_(std::make_unique<Allocations>()) {}

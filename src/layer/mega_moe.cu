@@ -28,28 +28,25 @@ void cuda_ok(cudaError_t status, const char* what) {
   require(status == cudaSuccess, what, "failed: ", cudaGetErrorString(status));
 }
 
-// One stacked weight matrix of `experts` experts x rows x cols (LayerWeights' formats).
-void check_matrix(Recipe recipe, const TensorView& codes, const TensorView& scales, const TensorView& shifts,
-                  const std::string& name, int64_t experts, int64_t rows, int64_t cols) {
+// One linear of `experts` experts x rows x cols (LinearWeights' formats), named `name` in errors.
+void check_linear(Recipe recipe, const LinearWeights& w, const std::string& name, int64_t experts, int64_t rows,
+                  int64_t cols) {
   const bool packed = recipe == Recipe::fp8_fp4;
-  check_tensor(codes, ("weights." + name).c_str(), packed ? DType::e2m1x2 : activation_dtype(recipe),
+  check_tensor(w.values, (name + ".values").c_str(), packed ? DType::e2m1x2 : activation_dtype(recipe),
                {experts, rows, packed ? cols / 2 : cols}, Device::cuda);
   if (recipe == Recipe::bf16) return;
-  check_tensor(scales, ("weights." + name + "_scales").c_str(), DType::f32, {experts, rows / 64, cols / 128},
-               Device::cuda);
-  if (packed)
-    check_tensor(shifts, ("weights." + name + "_shifts").c_str(), DType::u8, {cols / 128, experts * rows, 4},
-                 Device::cuda);
+  check_tensor(w.scales, (name + ".scales").c_str(), DType::f32, {experts, rows / 64, cols / 128}, Device::cuda);
+  if (packed) check_tensor(w.shifts, (name + ".shifts").c_str(), DType::u8, {cols / 128, experts * rows, 4}, Device::cuda);
 }
 
 void check_weights(const Problem& p, const LayerWeights& w) {
   const int64_t e = p.experts_per_rank(), h = p.hidden, i = p.intermediate;
-  check_matrix(p.recipe, w.w1, w.w1_scales, w.w1_shifts, "w1", e, 2 * i, h);
-  check_matrix(p.recipe, w.w2, w.w2_scales, w.w2_shifts, "w2", e, h, i);
+  check_linear(p.recipe, w.routed.w1, "weights.routed.w1", e, 2 * i, h);
+  check_linear(p.recipe, w.routed.w2, "weights.routed.w2", e, h, i);
   if (p.num_shared_experts == 0) return;
   const int64_t si = int64_t{p.num_shared_experts} * i;
-  check_matrix(p.recipe, w.shared_w1, w.shared_w1_scales, w.shared_w1_shifts, "shared_w1", 1, 2 * si, h);
-  check_matrix(p.recipe, w.shared_w2, w.shared_w2_scales, w.shared_w2_shifts, "shared_w2", 1, h, si);
+  check_linear(p.recipe, w.shared.w1, "weights.shared.w1", 1, 2 * si, h);
+  check_linear(p.recipe, w.shared.w2, "weights.shared.w2", 1, h, si);
 }
 
 void check_inputs(const Problem& p, const LayerInputs& in, const TensorView& y, const TensorView& recv_stats) {
@@ -146,13 +143,10 @@ struct CallPlan {
   }
 
   gemm::GemmOperands operands(const LayerWeights& w, bool first_linear, bool is_shared, gemm::TileShape tile) const {
-    const TensorView& weights = first_linear ? (is_shared ? w.shared_w1 : w.w1) : (is_shared ? w.shared_w2 : w.w2);
-    const TensorView& scales = first_linear ? (is_shared ? w.shared_w1_scales : w.w1_scales)
-                                            : (is_shared ? w.shared_w2_scales : w.w2_scales);
-    const TensorView& shifts = first_linear ? (is_shared ? w.shared_w1_shifts : w.w1_shifts)
-                                            : (is_shared ? w.shared_w2_shifts : w.w2_shifts);
-    return expert_operands(p, l, local, view.timeout_ns, weights, scales, shifts, first_linear, is_shared,
-                           is_shared ? tokens : expected_rows, tile, overlap);
+    const ExpertGroupWeights& group = is_shared ? w.shared : w.routed;
+    const LinearWeights& linear = first_linear ? group.w1 : group.w2;
+    return expert_operands(p, l, local, view.timeout_ns, linear.values, linear.scales, linear.shifts, first_linear,
+                           is_shared, is_shared ? tokens : expected_rows, tile, overlap);
   }
   gemm::SwigluOutput swiglu_output(bool is_shared) const {
     const bool scaled = p.recipe != Recipe::bf16;  // E4M3 activations with 1x128 scales

@@ -143,8 +143,7 @@ std::unique_ptr<DeviceWeights> DeviceWeights::synthetic(const Problem& problem, 
   const uint32_t element_bytes = static_cast<uint32_t>(activation_bytes(problem.recipe));
   const int64_t h = problem.hidden;
 
-  auto make = [&](bool shared, bool first_linear, uint32_t experts, uint32_t intermediate, TensorView& codes_view,
-                  TensorView& scales_view, TensorView& shifts_view) {
+  auto make = [&](bool shared, bool first_linear, uint32_t experts, uint32_t intermediate, LinearWeights& linear) {
     MatrixSpec m{};
     m.recipe = problem.recipe;
     m.seed = seed;
@@ -163,7 +162,7 @@ std::unique_ptr<DeviceWeights> DeviceWeights::synthetic(const Problem& problem, 
     else generate_codes<<<1024, 256>>>(m);
     cuda_ok(cudaGetLastError(), "generate_codes launch");
     const int64_t n = experts;
-    codes_view = TensorView::contiguous(m.codes, codes_type, {n, m.rows, packed ? m.cols / 2 : m.cols}, Device::cuda);
+    linear.values = TensorView::contiguous(m.codes, codes_type, {n, m.rows, packed ? m.cols / 2 : m.cols}, Device::cuda);
     if (packed) {
       cuda_ok(cudaMalloc(&m.mx_scales, elements / kMxBlock), "cudaMalloc of UE8M0 scales");
       struct FreeScales {
@@ -173,25 +172,25 @@ std::unique_ptr<DeviceWeights> DeviceWeights::synthetic(const Problem& problem, 
       generate_mx_scales<<<1024, 256>>>(m);
       cuda_ok(cudaGetLastError(), "generate_mx_scales launch");
       prepare_fp4_matrices(*weights->allocations_, reinterpret_cast<char*>(m.codes), m.mx_scales, n, m.rows, m.cols,
-                           scales_view, shifts_view);
+                           linear.scales, linear.shifts);
     }
     if (f32_scales) {
       m.scales = reinterpret_cast<float*>(
           weights->allocate(uint64_t{experts} * (m.rows / 64) * (m.cols / 128) * sizeof(float)));
       generate_scales<<<256, 256>>>(m);
       cuda_ok(cudaGetLastError(), "generate_scales launch");
-      scales_view = TensorView::contiguous(m.scales, DType::f32, {n, m.rows / 64, m.cols / 128}, Device::cuda);
+      linear.scales = TensorView::contiguous(m.scales, DType::f32, {n, m.rows / 64, m.cols / 128}, Device::cuda);
     }
   };
   LayerWeights& v = weights->view_;
   const uint32_t local = static_cast<uint32_t>(problem.experts_per_rank());
   const uint32_t intermediate = static_cast<uint32_t>(problem.intermediate);
-  make(false, true, local, intermediate, v.w1, v.w1_scales, v.w1_shifts);
-  make(false, false, local, intermediate, v.w2, v.w2_scales, v.w2_shifts);
+  make(false, true, local, intermediate, v.routed.w1);
+  make(false, false, local, intermediate, v.routed.w2);
   if (problem.num_shared_experts > 0) {
     const uint32_t concatenated = intermediate * static_cast<uint32_t>(problem.num_shared_experts);
-    make(true, true, 1, concatenated, v.shared_w1, v.shared_w1_scales, v.shared_w1_shifts);
-    make(true, false, 1, concatenated, v.shared_w2, v.shared_w2_scales, v.shared_w2_shifts);
+    make(true, true, 1, concatenated, v.shared.w1);
+    make(true, false, 1, concatenated, v.shared.w2);
   }
   cuda_ok(cudaDeviceSynchronize(), "synthetic weight generation");
   return weights;

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu_test_util.h"
@@ -55,21 +57,20 @@ TEST_P(SyntheticDeviceWeights, SameBitsAsTheHostTransform) {
   const auto generated = DeviceWeights::synthetic(p, seed);
   const LayerWeights& a = generated->view();
   const LayerWeights& b = uploaded.view();
-  expect_same(a.w1, b.w1, "w1");
-  expect_same(a.w1_scales, b.w1_scales, "w1_scales");
-  expect_same(a.w1_shifts, b.w1_shifts, "w1_shifts");
-  expect_same(a.w2, b.w2, "w2");
-  expect_same(a.w2_scales, b.w2_scales, "w2_scales");
-  expect_same(a.w2_shifts, b.w2_shifts, "w2_shifts");
-  expect_same(a.shared_w1, b.shared_w1, "shared_w1");
-  expect_same(a.shared_w1_scales, b.shared_w1_scales, "shared_w1_scales");
-  expect_same(a.shared_w1_shifts, b.shared_w1_shifts, "shared_w1_shifts");
-  expect_same(a.shared_w2, b.shared_w2, "shared_w2");
-  expect_same(a.shared_w2_scales, b.shared_w2_scales, "shared_w2_scales");
-  expect_same(a.shared_w2_shifts, b.shared_w2_shifts, "shared_w2_shifts");
+  for (const auto& [group_name, group] :
+       {std::pair{"routed", &LayerWeights::routed}, std::pair{"shared", &LayerWeights::shared}})
+    for (const auto& [linear_name, linear] :
+         {std::pair{"w1", &ExpertGroupWeights::w1}, std::pair{"w2", &ExpertGroupWeights::w2}}) {
+      const LinearWeights& from_gpu = (a.*group).*linear;
+      const LinearWeights& uploaded_one = (b.*group).*linear;
+      const std::string name = std::string(group_name) + "." + linear_name;
+      expect_same(from_gpu.values, uploaded_one.values, (name + ".values").c_str());
+      expect_same(from_gpu.scales, uploaded_one.scales, (name + ".scales").c_str());
+      expect_same(from_gpu.shifts, uploaded_one.shifts, (name + ".shifts").c_str());
+    }
   if (p.recipe == Recipe::fp8_fp4) {
-    EXPECT_FALSE(a.w1_shifts.empty());
-    EXPECT_FALSE(a.shared_w2_shifts.empty());
+    EXPECT_FALSE(a.routed.w1.shifts.empty());
+    EXPECT_FALSE(a.shared.w2.shifts.empty());
   }
 }
 
@@ -88,7 +89,7 @@ TEST(Fp4DerivedScales, BlockScaleIsTheLargestAndShiftsAreRelativeToIt) {
   const DeviceWeights uploaded(p, host);
   const LayerWeights& w = uploaded.view();
   const int64_t rows = 2 * p.intermediate, cols = p.hidden;
-  const std::vector<uint8_t> scale_bytes = download(w.w1_scales), shifts = download(w.w1_shifts);
+  const std::vector<uint8_t> scale_bytes = download(w.routed.w1.scales), shifts = download(w.routed.w1.shifts);
   for (int32_t e = 0; e < p.num_experts; ++e) {
     const StoredExpert expert = transform_weights(host.routed_expert(e), p.recipe);
     for (int64_t row_block = 0; row_block < rows / 64; ++row_block)

@@ -4,6 +4,8 @@
 
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gpu_test_util.h"
 #include "megamoe/comm.h"
@@ -65,9 +67,9 @@ TEST(LayerArguments, EachBadArgumentIsNamed) {
     const TensorView y_f32 = TensorView::contiguous(y_memory, DType::f32, {4, 256}, Device::cuda);
     expect_refused([&] { fp8_mega_moe(buffer, batch.inputs(), w, y_f32, stream); }, {"y", "dtype bf16"});
     LayerWeights wrong_weights = w;
-    wrong_weights.w2.shape[2] = 256;
+    wrong_weights.routed.w2.values.shape[2] = 256;
     expect_refused([&] { fp8_mega_moe(buffer, batch.inputs(), wrong_weights, y, stream); },
-                   {"weights.w2", "shape [4, 256, 128]"});
+                   {"weights.routed.w2.values", "shape [4, 256, 128]"});
     const TensorView stats = TensorView::contiguous(y_memory, DType::i32, {4}, Device::cuda);
     expect_refused([&] { fp8_mega_moe(buffer, batch.inputs(), w, y, stream, stats); }, {"recv_stats", "dtype i64"});
     expect_refused([&] { bf16_mega_moe(buffer, batch.inputs(), w, y, stream); }, {"buffer", "recipe fp8", "bf16"});
@@ -91,10 +93,11 @@ TEST(LayerArguments, Fp8Fp4WeightsAreCheckedInTheirOwnFormat) {
     const TensorView y = TensorView::contiguous(y_memory, DType::bf16, {4, 256}, Device::cuda);
     cudaStream_t stream = comm.stream();
     expect_refused([&] { fp8_fp4_mega_moe(buffer, batch.inputs(), fp8_weights->view(), y, stream); },
-                   {"weights.w1", "dtype e2m1x2"});
+                   {"weights.routed.w1.values", "dtype e2m1x2"});
     LayerWeights no_shifts = fp4_weights->view();
-    no_shifts.w2_shifts = {};
-    expect_refused([&] { fp8_fp4_mega_moe(buffer, batch.inputs(), no_shifts, y, stream); }, {"weights.w2_shifts"});
+    no_shifts.routed.w2.shifts = {};
+    expect_refused([&] { fp8_fp4_mega_moe(buffer, batch.inputs(), no_shifts, y, stream); },
+                   {"weights.routed.w2.shifts"});
     expect_refused([&] { fp8_mega_moe(buffer, batch.inputs(), fp4_weights->view(), y, stream); },
                    {"buffer", "recipe fp8_fp4", "fp8"});
     cudaFree(y_memory);
@@ -103,29 +106,35 @@ TEST(LayerArguments, Fp8Fp4WeightsAreCheckedInTheirOwnFormat) {
 }
 
 // Every field of LayerWeights a recipe reads is checked by name: missing, of another shape, dtype or
-// device. (fp8 reads no *_shifts, bf16 no *_scales and no *_shifts.)
+// device. (fp8 reads no shifts, bf16 no scales and no shifts.)
 struct WeightField {
-  const char* name;
-  TensorView LayerWeights::*member;
-};
-constexpr WeightField kWeightFields[] = {
-    {"w1", &LayerWeights::w1},
-    {"w1_scales", &LayerWeights::w1_scales},
-    {"w1_shifts", &LayerWeights::w1_shifts},
-    {"w2", &LayerWeights::w2},
-    {"w2_scales", &LayerWeights::w2_scales},
-    {"w2_shifts", &LayerWeights::w2_shifts},
-    {"shared_w1", &LayerWeights::shared_w1},
-    {"shared_w1_scales", &LayerWeights::shared_w1_scales},
-    {"shared_w1_shifts", &LayerWeights::shared_w1_shifts},
-    {"shared_w2", &LayerWeights::shared_w2},
-    {"shared_w2_scales", &LayerWeights::shared_w2_scales},
-    {"shared_w2_shifts", &LayerWeights::shared_w2_shifts},
+  std::string name;  // as the errors name it
+  ExpertGroupWeights LayerWeights::*group;
+  LinearWeights ExpertGroupWeights::*linear;
+  TensorView LinearWeights::*part;
+  TensorView& of(LayerWeights& w) const { return (w.*group).*linear.*part; }
+  const TensorView& of(const LayerWeights& w) const { return (w.*group).*linear.*part; }
 };
 
+std::vector<WeightField> weight_fields() {
+  const std::pair<const char*, ExpertGroupWeights LayerWeights::*> groups[] = {{"routed", &LayerWeights::routed},
+                                                                                {"shared", &LayerWeights::shared}};
+  const std::pair<const char*, LinearWeights ExpertGroupWeights::*> linears[] = {{"w1", &ExpertGroupWeights::w1},
+                                                                                  {"w2", &ExpertGroupWeights::w2}};
+  const std::pair<const char*, TensorView LinearWeights::*> parts[] = {
+      {"values", &LinearWeights::values}, {"scales", &LinearWeights::scales}, {"shifts", &LinearWeights::shifts}};
+  std::vector<WeightField> fields;
+  for (const auto& [group_name, group] : groups)
+    for (const auto& [linear_name, linear] : linears)
+      for (const auto& [part_name, part] : parts)
+        fields.push_back({std::string("weights.") + group_name + "." + linear_name + "." + part_name, group, linear,
+                          part});
+  return fields;
+}
+
 bool recipe_reads(Recipe recipe, const std::string& field) {
-  if (field.ends_with("_shifts")) return recipe == Recipe::fp8_fp4;
-  if (field.ends_with("_scales")) return recipe != Recipe::bf16;
+  if (field.ends_with(".shifts")) return recipe == Recipe::fp8_fp4;
+  if (field.ends_with(".scales")) return recipe != Recipe::bf16;
   return true;
 }
 
@@ -145,24 +154,24 @@ TEST_P(LayerWeightFields, EachFieldIsCheckedByName) {
     const TensorView y = TensorView::contiguous(y_memory, DType::bf16, {4, 256}, Device::cuda);
     const auto call = [&](const LayerWeights& w) { mega_moe(buffer, batch.inputs(), w, y, comm.stream()); };
     int checked = 0;
-    for (const WeightField& field : kWeightFields) {
+    for (const WeightField& field : weight_fields()) {
       if (!recipe_reads(p.recipe, field.name)) continue;
       ++checked;
-      const std::string name = std::string("weights.") + field.name;
-      const TensorView& good = weights->view().*field.member;
+      const char* name = field.name.c_str();
+      const TensorView& good = field.of(weights->view());
       ASSERT_FALSE(good.empty()) << name << " was not made by DeviceWeights";
       LayerWeights w = weights->view();
-      w.*field.member = {};
-      expect_refused([&] { call(w); }, {name.c_str()});
+      field.of(w) = {};
+      expect_refused([&] { call(w); }, {name});
       w = weights->view();
-      (w.*field.member).shape[good.ndim - 1] += 1;
-      expect_refused([&] { call(w); }, {name.c_str(), "must have shape"});
+      field.of(w).shape[good.ndim - 1] += 1;
+      expect_refused([&] { call(w); }, {name, "must have shape"});
       w = weights->view();
-      (w.*field.member).dtype = DType::i64;  // no weight tensor is i64
-      expect_refused([&] { call(w); }, {name.c_str(), "must have dtype"});
+      field.of(w).dtype = DType::i64;  // no weight tensor is i64
+      expect_refused([&] { call(w); }, {name, "must have dtype"});
       w = weights->view();
-      (w.*field.member).device = Device::host;
-      expect_refused([&] { call(w); }, {name.c_str(), "cuda memory"});
+      field.of(w).device = Device::host;
+      expect_refused([&] { call(w); }, {name, "cuda memory"});
     }
     EXPECT_EQ(checked, p.recipe == Recipe::fp8_fp4 ? 12 : p.recipe == Recipe::fp8 ? 8 : 4);
     cudaFree(y_memory);
@@ -185,18 +194,18 @@ TEST_P(LayerWeightFields, WeightsOfAnotherRecipeOrShape) {
       if (other == p.recipe) continue;
       const auto weights = DeviceWeights::synthetic(small_problem(other), 7);
       expect_refused([&] { mega_moe(buffer, batch.inputs(), weights->view(), y, comm.stream()); },
-                     {"weights.w1", "must have dtype"});
+                     {"weights.routed.w1.values", "must have dtype"});
     }
     Problem wider = p;
     wider.intermediate = 256;
     const auto wider_weights = DeviceWeights::synthetic(wider, 7);
     expect_refused([&] { mega_moe(buffer, batch.inputs(), wider_weights->view(), y, comm.stream()); },
-                   {"weights.w1", "must have shape"});
+                   {"weights.routed.w1.values", "must have shape"});
     Problem more_experts = p;
     more_experts.num_experts = 8;
     const auto more_weights = DeviceWeights::synthetic(more_experts, 7);
     expect_refused([&] { mega_moe(buffer, batch.inputs(), more_weights->view(), y, comm.stream()); },
-                   {"weights.w1", "must have shape [4,"});
+                   {"weights.routed.w1.values", "must have shape [4,"});
     cudaFree(y_memory);
   });
   EXPECT_EQ(failed, 0);
