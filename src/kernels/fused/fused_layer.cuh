@@ -547,11 +547,11 @@ template <class Config>
 __device__ __forceinline__ void finish_cta(const FusedScheduler<Config>& s, uint32_t thread) {
   uint32_t* last = s.words(FusedTables::kLastFlag);
   __threadfence();
-  __syncthreads();
+  ptx::cta_barrier_from_any_site();
   if (thread == 0)
     *last = device::GpuRef<uint32_t>(s.control()->finished_blocks).fetch_add(1, cuda::memory_order_acq_rel) + 1 ==
             gridDim.x;
-  __syncthreads();
+  ptx::cta_barrier_from_any_site();
   if (*last != 0) reset_counters(s, thread);
 }
 

@@ -1,5 +1,5 @@
-// Hopper warpgroup MMA (wgmma), register reallocation (setmaxnreg) and stmatrix: the PTX that CCCL
-// does not wrap. Everything else (TMA, mbarriers, fences) comes from cuda::ptx.
+// Hopper warpgroup MMA (wgmma), register reallocation (setmaxnreg), stmatrix and a non-aligned CTA
+// barrier: the PTX that CCCL does not wrap. Everything else (TMA, mbarriers, fences) comes from cuda::ptx.
 //
 // Operands are K-major tiles in shared memory written by TMA with 128-byte swizzling: rows of 128
 // bytes, 8-row atoms of 1024 bytes. One wgmma consumes 32 bytes of K (k32 for E4M3, k16 for BF16);
@@ -43,6 +43,11 @@ MEGAMOE_DEVICE void fence_registers(float (&registers)[kCount]) {
 #pragma unroll
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(registers[i])::"memory");
 }
+
+// Barrier 0 of the whole CTA, reached from different code by different warps (the fused kernel's
+// roles each end in their own copy of the same steps): the non-aligned barrier.sync. __syncthreads
+// (bar.sync, aligned) requires every thread of the CTA to execute the same instruction.
+__device__ __forceinline__ void cta_barrier_from_any_site() { asm volatile("barrier.sync 0;" ::: "memory"); }
 
 // Warp-specialized kernels hand registers from the producer warpgroup to the math warpgroups.
 template <int kRegisters>
