@@ -557,6 +557,9 @@ void concurrent_pull_launches() {
       MEGAMOE_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
       MEGAMOE_CHECK_CUDA(cudaMalloc(&src, bytes));
       MEGAMOE_CHECK_CUDA(cudaMalloc(&dst, bytes));
+      // Defined bytes that the pull must overwrite: a row it skipped fails the comparison. Written only
+      // by bulk copies, the rows read back as uninitialized under compute-sanitizer's initcheck.
+      MEGAMOE_CHECK_CUDA(cudaMemset(dst, 0xA5, bytes));
       std::vector<char> pattern(bytes);
       for (uint64_t i = 0; i < bytes; ++i) pattern[i] = static_cast<char>(i * 7 + which);
       MEGAMOE_CHECK_CUDA(cudaMemcpy(src, pattern.data(), bytes, cudaMemcpyHostToDevice));
