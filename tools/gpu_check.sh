@@ -3,7 +3,8 @@
 #   tools/gpu_check.sh STEP...   steps: info | sass BIN | test BIN [gtest args] | test-each BIN |
 #                                       tests DIR | ctest | sanitize DIR OUTFILE | stress N
 #     sanitize DIR OUTFILE: every GPU test binary under DIR under the four compute-sanitizer tools
-#                           (reduced runs, 8 minutes in all), rows {binary, tool, errors, explained}
+#                           (reduced runs, $SANITIZE_SECONDS in all, default 480), rows {binary, tool,
+#                           errors, explained}
 #     stress N:             issue 33's run/dump/bench sequence N times, stopping at the first failure
 #                           ($MEGAMOE: the tool, default $BUILD/megamoe); $OUT/stress.json
 #   tools/gpu_check.sh clocks CMD...             CMD with the SM clock and board power logged
@@ -143,7 +144,7 @@ count_reports() {
 # rows {binary, tool, errors, explained, filtered, exit, seconds} in OUTFILE. Runs that did not start
 # within the step's 8 minutes are rows with errors -1 and the reason in explained.
 step_sanitize() {
-  local dir=$1 outfile=$2 budget=480 start=$SECONDS first=1
+  local dir=$1 outfile=$2 budget=${SANITIZE_SECONDS:-480} start=$SECONDS first=1
   # The logs travel as one archive beside the JSON: the device machine returns at most 8 files.
   local logs="$OUT/sanitize-logs"
   mkdir -p "$logs"
