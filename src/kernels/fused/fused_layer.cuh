@@ -343,9 +343,10 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
 template <class Config>
 __device__ void convert_fused(FusedScheduler<Config>& s, uint32_t thread, uint32_t lane) {
   gemm::RingPosition<Config::kStages> ring;
+  uint32_t unit_parities = 0;
   const gemm::PipelineWatch& watch = s.params.l1[0].args.watch;
   for (;;) {
-    const uint32_t index = gemm::next_unit(s.smem, ring, watch);
+    const uint32_t index = gemm::next_unit(s.smem, ring, unit_parities, watch);
     if ((index & kEndBit) != 0) {
       __syncwarp();
       if (lane == 0) cuda::ptx::mbarrier_arrive(s.smem.full(ring.stage));  // completes the last stage
@@ -465,6 +466,7 @@ __device__ void math_fused(FusedScheduler<Config>& s, uint32_t math_warpgroup, u
                            uint32_t math_thread) {
   const FusedParams<Config>& params = s.params;
   gemm::RingPosition<Config::kStages> ring;
+  uint32_t unit_parities = 0;
   float acc[2][Config::kAccRegs];
   // tokens_on_m: warpgroup 1 starts kStaggerKBlocks behind warpgroup 0 in its first unit
   // (grouped_gemm.cuh).
@@ -474,7 +476,7 @@ __device__ void math_fused(FusedScheduler<Config>& s, uint32_t math_warpgroup, u
   uint32_t index = 0;
   bool last_l2_tile = false;
   for (bool first_gemm = true;; first_gemm = false) {
-    index = gemm::next_unit(s.smem, ring, watch);
+    index = gemm::next_unit(s.smem, ring, unit_parities, watch);
     if ((index & kEndBit) != 0) break;
     const UnitTile& unit = *s.unit_tile(ring.stage);
     const gemm::Tile tile = unit.tile;

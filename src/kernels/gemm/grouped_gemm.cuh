@@ -112,6 +112,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
   const uint32_t math_warpgroup = __shfl_sync(0xFFFFFFFFu, warpgroup - 1, 0);
   const uint32_t math_thread = thread - 128;
   RingPosition<Config::kStages> ring;
+  uint32_t unit_parities = 0;
   float acc[2][Config::kAccRegs];
   // tokens_on_m: warpgroup 1 starts kStaggerKBlocks behind warpgroup 0 (pipeline.cuh), unless store
   // warps keep the epilogue short: then the lag only costs the three-stage ring depth (the leading
@@ -120,7 +121,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
   constexpr uint32_t kNoStagger = ~0u;
   uint32_t group_cursor = 0;
   for (bool first_unit = true;; first_unit = false) {
-    const uint32_t index = next_unit(smem, ring, first.watch);
+    const uint32_t index = next_unit(smem, ring, unit_parities, first.watch);
     if (index == kNoUnit) break;
     if (kStaggered && math_warpgroup == 1 && first_unit) stagger_wait();
     const WorkUnit unit = scheduler.unit(index, group_cursor);

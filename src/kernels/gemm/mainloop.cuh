@@ -76,14 +76,20 @@ struct UnitClaims {
 inline constexpr uint32_t kNoUnit = ~0u;
 
 // The producer hands each unit's index to the other walkers (converters, math warpgroups) in the
-// unit slot of the unit's first stage; it arrives on every stage's unit_ready once it has claimed
-// the stage, before issuing its copies, so that the walkers learn the next unit (and load its
-// scales) while its bytes are still on the way. After the last unit it fills one more stage with
-// kNoUnit and no bytes.
+// unit slot of the unit's first stage and arrives on that stage's unit_ready once it has claimed it,
+// before issuing its copies, so that the walkers learn the next unit (and load its scales) while its
+// bytes are still on the way. After the last unit it fills one more stage with kNoUnit and no bytes.
+// unit_ready completes a phase only where a unit starts, and every walker waits for each such phase
+// (compute-sanitizer's synccheck reports an arrival on a barrier whose last phase nobody waited
+// for), so a walker keeps the parity it waits for next per stage: bit s of `parities`. The producer
+// claims a stage again only after every walker has passed it, so at most one phase per stage is
+// ever ahead of a walker.
 template <class Config>
 __device__ uint32_t next_unit(const SharedStorage<Config>& smem, const RingPosition<Config::kStages>& ring,
-                              const PipelineWatch& watch) {
-  wait_barrier<Config>(smem.unit_ready(ring.stage), ring.phase, watch, ring.stage);
+                              uint32_t& parities, const PipelineWatch& watch) {
+  static_assert(Config::kStages <= 32, "one parity bit per stage");
+  wait_barrier<Config>(smem.unit_ready(ring.stage), (parities >> ring.stage) & 1u, watch, ring.stage);
+  parities ^= 1u << ring.stage;
   return *smem.unit_slot(ring.stage);
 }
 
@@ -105,8 +111,8 @@ __device__ __forceinline__ void issue_unit(const SharedStorage<Config>& smem, Ri
     if (kb == unit.k_blocks.begin) {
       *smem.unit_slot(ring.stage) = index;
       on_claim(ring.stage);
+      cuda::ptx::mbarrier_arrive(smem.unit_ready(ring.stage));
     }
-    cuda::ptx::mbarrier_arrive(smem.unit_ready(ring.stage));
     uint64_t* full = smem.full(ring.stage);
     const uint32_t stage_bytes = Config::kStageTxBytes;  // by value: the wrapper takes a reference
     cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
@@ -217,10 +223,11 @@ template <class Config, class Epilogue>
 __device__ void convert_weights(const SharedStorage<Config>& smem, const TileScheduler<Config::kBlockN>& scheduler,
                                 const GemmJobs<Epilogue>& jobs, uint32_t thread, uint32_t lane) {
   RingPosition<Config::kStages> ring;
+  uint32_t unit_parities = 0;
   const PipelineWatch& watch = jobs.job[0].args.watch;
   uint32_t group_cursor = 0;
   for (;;) {
-    const uint32_t index = next_unit(smem, ring, watch);
+    const uint32_t index = next_unit(smem, ring, unit_parities, watch);
     if (index == kNoUnit) {
       __syncwarp();
       if (lane == 0) cuda::ptx::mbarrier_arrive(smem.full(ring.stage));  // completes the last stage

@@ -186,8 +186,8 @@ struct SharedStorage {
   __device__ uint64_t* raw_full(uint32_t stage) const {
     return reinterpret_cast<uint64_t*>(base + Config::kRawFullOffset) + stage;
   }
-  // Completes when the producer has claimed the stage's K block (and written the unit slot of a
-  // unit's first stage), before its bytes land (mainloop.cuh).
+  // Completes when the producer has claimed a unit's first stage and written its unit slot, before
+  // its bytes land (mainloop.cuh: next_unit).
   __device__ uint64_t* unit_ready(uint32_t stage) const {
     return reinterpret_cast<uint64_t*>(base + Config::kUnitReadyOffset) + stage;
   }

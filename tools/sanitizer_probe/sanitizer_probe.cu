@@ -1,0 +1,98 @@
+// Three hand-overs of shared memory, each as the layer's kernels do it, each checking what it read:
+//   named_barrier: a writer warp stages words and arrives (bar.arrive), a reader warp syncs on the
+//                  same named barrier and reads them; a second barrier hands the buffer back
+//                  (the L2 epilogue's store warps, epilogue.cuh);
+//   mbarrier_slot: a producer thread writes a slot and arrives on an mbarrier, a consumer waits for
+//                  the phase, reads the slot and arrives on a second one before the slot is written
+//                  again (the unit slot of the stage ring, mainloop.cuh: next_unit);
+//   group_flag:    thread 0 writes a word between two bar.sync of the threads that read it (the
+//                  fused kernel's combine loop, fused_layer.cuh: group_flag).
+// Usage: compute-sanitizer --tool racecheck megamoe_sanitizer_probe
+#include <cuda/ptx>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+
+namespace {
+
+constexpr uint32_t kRounds = 8;
+
+__global__ void named_barrier(uint32_t* out) {
+  __shared__ uint32_t words[32];
+  const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp == 0) asm volatile("bar.arrive 2, 64;" ::: "memory");  // the buffer starts free
+  for (uint32_t round = 0; round < kRounds; ++round) {
+    if (warp == 0) {
+      asm volatile("bar.sync 2, 64;" ::: "memory");
+      words[lane] = round * 32 + lane;
+      asm volatile("bar.arrive 1, 64;" ::: "memory");
+    } else {
+      asm volatile("bar.sync 1, 64;" ::: "memory");
+      out[round * 32 + lane] = words[lane];
+      asm volatile("bar.arrive 2, 64;" ::: "memory");
+    }
+  }
+  if (warp == 0) asm volatile("bar.sync 2, 64;" ::: "memory");
+}
+
+__device__ void wait_phase(uint64_t* barrier, uint32_t parity) {
+  while (!cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) {
+  }
+}
+
+__global__ void mbarrier_slot(uint32_t* out) {
+  __shared__ uint64_t ready, empty;
+  __shared__ uint32_t slot;
+  if (threadIdx.x == 0) {
+    cuda::ptx::mbarrier_init(&ready, 1);
+    cuda::ptx::mbarrier_init(&empty, 1);
+  }
+  __syncthreads();
+  for (uint32_t round = 0; round < kRounds; ++round) {
+    const uint32_t parity = round & 1;
+    if (threadIdx.x == 0) {
+      if (round > 0) wait_phase(&empty, parity ^ 1);
+      slot = 100 + round;
+      cuda::ptx::mbarrier_arrive(&ready);
+    } else if (threadIdx.x == 32) {
+      wait_phase(&ready, parity);
+      out[round] = slot;
+      cuda::ptx::mbarrier_arrive(&empty);
+    }
+  }
+}
+
+__global__ void group_flag(uint32_t* out) {
+  __shared__ uint32_t flag;
+  for (uint32_t round = 0; round < kRounds; ++round) {
+    if (threadIdx.x == 0) flag = 200 + round;
+    asm volatile("bar.sync 1, 64;" ::: "memory");
+    const uint32_t value = flag;
+    asm volatile("bar.sync 1, 64;" ::: "memory");
+    if (threadIdx.x == 63) out[round] = value;
+  }
+}
+
+bool check(const char* name, void (*kernel)(uint32_t*), uint32_t words, uint32_t (*expected)(uint32_t)) {
+  uint32_t* out = nullptr;
+  uint32_t host[kRounds * 32] = {};
+  bool ok = cudaMalloc(&out, sizeof(host)) == cudaSuccess && cudaMemset(out, 0, sizeof(host)) == cudaSuccess;
+  if (ok) {
+    kernel<<<1, 64>>>(out);
+    ok = cudaDeviceSynchronize() == cudaSuccess && cudaMemcpy(host, out, sizeof(host), cudaMemcpyDeviceToHost) == cudaSuccess;
+  }
+  for (uint32_t i = 0; ok && i < words; ++i) ok = host[i] == expected(i);
+  cudaFree(out);
+  std::printf("%-14s %s\n", name, ok ? "ok" : "WRONG");
+  return ok;
+}
+
+}  // namespace
+
+int main() {
+  bool ok = check("named_barrier", named_barrier, kRounds * 32, [](uint32_t i) { return i; });
+  ok = check("mbarrier_slot", mbarrier_slot, kRounds, [](uint32_t i) { return 100 + i; }) && ok;
+  ok = check("group_flag", group_flag, kRounds, [](uint32_t i) { return 200 + i; }) && ok;
+  return ok ? 0 : 1;
+}
