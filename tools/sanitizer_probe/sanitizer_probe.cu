@@ -5,6 +5,8 @@
 //   mbarrier_slot: a producer thread writes a slot and arrives on an mbarrier, a consumer waits for
 //                  the phase, reads the slot and arrives on a second one before the slot is written
 //                  again (the unit slot of the stage ring, mainloop.cuh: next_unit);
+//   mbarrier_warp: as mbarrier_slot, but every lane of the consumer warp reads the slot and lane 0
+//                  arrives after __syncwarp (how the math warps release a stage: release_stage_at);
 //   group_flag:    thread 0 writes a word between two bar.sync of the threads that read it (the
 //                  fused kernel's combine loop, fused_layer.cuh: group_flag).
 // Usage: compute-sanitizer --tool racecheck megamoe_sanitizer_probe
@@ -63,6 +65,30 @@ __global__ void mbarrier_slot(uint32_t* out) {
   }
 }
 
+__global__ void mbarrier_warp(uint32_t* out) {
+  __shared__ uint64_t ready, empty;
+  __shared__ uint32_t slot;
+  if (threadIdx.x == 0) {
+    cuda::ptx::mbarrier_init(&ready, 1);
+    cuda::ptx::mbarrier_init(&empty, 1);
+  }
+  __syncthreads();
+  for (uint32_t round = 0; round < kRounds; ++round) {
+    const uint32_t parity = round & 1;
+    if (threadIdx.x == 0) {
+      if (round > 0) wait_phase(&empty, parity ^ 1);
+      slot = 300 + round;
+      cuda::ptx::mbarrier_arrive(&ready);
+    } else if (threadIdx.x >= 32) {
+      wait_phase(&ready, parity);
+      const uint32_t value = slot;
+      if (threadIdx.x == 63) out[round] = value;
+      __syncwarp();
+      if (threadIdx.x == 32) cuda::ptx::mbarrier_arrive(&empty);
+    }
+  }
+}
+
 __global__ void group_flag(uint32_t* out) {
   __shared__ uint32_t flag;
   for (uint32_t round = 0; round < kRounds; ++round) {
@@ -93,6 +119,7 @@ bool check(const char* name, void (*kernel)(uint32_t*), uint32_t words, uint32_t
 int main() {
   bool ok = check("named_barrier", named_barrier, kRounds * 32, [](uint32_t i) { return i; });
   ok = check("mbarrier_slot", mbarrier_slot, kRounds, [](uint32_t i) { return 100 + i; }) && ok;
+  ok = check("mbarrier_warp", mbarrier_warp, kRounds, [](uint32_t i) { return 300 + i; }) && ok;
   ok = check("group_flag", group_flag, kRounds, [](uint32_t i) { return 200 + i; }) && ok;
   return ok ? 0 : 1;
 }

@@ -271,7 +271,9 @@ __device__ __forceinline__ void wait_barrier(uint64_t* barrier, uint32_t parity,
   while (!poll()) {
     if (watch.control == nullptr || ++polls % kPollsPerCheck != 0) continue;
     if (device::rank_timed_out(watch.control)) return;
-    if (global_timer_ns() - start > watch.timeout_ns) {
+    // Twice the communication timeout: in the fused schedule the ring waits behind the producer,
+    // whose own waits (for other CTAs and ranks, one timeout each) must fire first and name the cause.
+    if (global_timer_ns() - start > 2 * watch.timeout_ns) {
       DeviceError error{};
       error.code = kDeviceTimeout;
       error.site = kWaitGemmStage;
