@@ -46,6 +46,9 @@ __device__ void wait_phase(uint64_t* barrier, uint32_t parity) {
   }
 }
 
+// kWarpWide: every lane of the consumer warp reads the slot and lane 0 arrives after __syncwarp;
+// else one consumer thread does both.
+template <bool kWarpWide>
 __global__ void mbarrier_slot(uint32_t* out) {
   __shared__ uint64_t ready, empty;
   __shared__ uint32_t slot;
@@ -54,39 +57,18 @@ __global__ void mbarrier_slot(uint32_t* out) {
     cuda::ptx::mbarrier_init(&empty, 1);
   }
   __syncthreads();
+  const bool consumer = kWarpWide ? threadIdx.x / 32 == 1 : threadIdx.x == 32;
   for (uint32_t round = 0; round < kRounds; ++round) {
     const uint32_t parity = round & 1;
     if (threadIdx.x == 0) {
       if (round > 0) wait_phase(&empty, parity ^ 1);
       slot = 100 + round;
       cuda::ptx::mbarrier_arrive(&ready);
-    } else if (threadIdx.x == 32) {
-      wait_phase(&ready, parity);
-      out[round] = slot;
-      cuda::ptx::mbarrier_arrive(&empty);
-    }
-  }
-}
-
-__global__ void mbarrier_warp(uint32_t* out) {
-  __shared__ uint64_t ready, empty;
-  __shared__ uint32_t slot;
-  if (threadIdx.x == 0) {
-    cuda::ptx::mbarrier_init(&ready, 1);
-    cuda::ptx::mbarrier_init(&empty, 1);
-  }
-  __syncthreads();
-  for (uint32_t round = 0; round < kRounds; ++round) {
-    const uint32_t parity = round & 1;
-    if (threadIdx.x == 0) {
-      if (round > 0) wait_phase(&empty, parity ^ 1);
-      slot = 300 + round;
-      cuda::ptx::mbarrier_arrive(&ready);
-    } else if (threadIdx.x >= 32 && threadIdx.x < 64) {
+    } else if (consumer) {
       wait_phase(&ready, parity);
       const uint32_t value = slot;
-      if (threadIdx.x == 63) out[round] = value;
-      __syncwarp();
+      if (threadIdx.x == 32 + 31 * kWarpWide) out[round] = value;
+      if (kWarpWide) __syncwarp();
       if (threadIdx.x == 32) cuda::ptx::mbarrier_arrive(&empty);
     }
   }
@@ -122,8 +104,8 @@ bool check(const char* name, void (*kernel)(uint32_t*), uint32_t words, uint32_t
 
 int main() {
   bool ok = check("named_barrier", named_barrier, kRounds * 32, [](uint32_t i) { return i; });
-  ok = check("mbarrier_slot", mbarrier_slot, kRounds, [](uint32_t i) { return 100 + i; }) && ok;
-  ok = check("mbarrier_warp", mbarrier_warp, kRounds, [](uint32_t i) { return 300 + i; }) && ok;
+  ok = check("mbarrier_slot", mbarrier_slot<false>, kRounds, [](uint32_t i) { return 100 + i; }) && ok;
+  ok = check("mbarrier_warp", mbarrier_slot<true>, kRounds, [](uint32_t i) { return 100 + i; }) && ok;
   ok = check("group_flag", group_flag, kRounds, [](uint32_t i) { return 200 + i; }) && ok;
   return ok ? 0 : 1;
 }
