@@ -1,4 +1,4 @@
-// Four hand-overs of shared memory, each as the layer's kernels do it, each checking what it read:
+// Five hand-overs of shared memory, each as the layer's kernels do it, each checking what it read:
 //   named_barrier: a writer warp stages words and arrives (bar.arrive), a reader warp syncs on the
 //                  same named barrier and reads them; a second barrier hands the buffer back
 //                  (the L2 epilogue's store warps, epilogue.cuh);
@@ -9,7 +9,10 @@
 //                  arrives after __syncwarp (how the math warps release a stage: release_stage_at);
 //   group_flag:    thread 0 writes a word between two bar.sync of the threads that read it (the
 //                  fused kernel's combine loop, fused_layer.cuh: group_flag), with a third warp of
-//                  the block outside the named barrier, as the fused kernel's other roles are.
+//                  the block outside the named barrier, as the fused kernel's other roles are;
+//   bulk_copy:     one thread's cp.async.bulk fills shared memory and completes an mbarrier's
+//                  transaction count; two warps wait for the phase and read it (the converters'
+//                  read of TMA-loaded weights, mainloop.cuh: expand_weight_tile).
 // Each runs in one block of three warps (the third idle, as the layer's kernels have roles outside
 // each barrier). Usage: compute-sanitizer --tool racecheck megamoe_sanitizer_probe
 #include <cuda/ptx>
@@ -86,6 +89,30 @@ __global__ void group_flag(uint32_t* out) {
   }
 }
 
+__global__ void bulk_copy(uint32_t* out) {
+  __shared__ __align__(128) uint32_t landed[128];
+  __shared__ uint64_t full;
+  const bool reader = threadIdx.x < 64;
+  if (reader)
+    for (uint32_t i = threadIdx.x; i < 128; i += 64) out[i] = 400 + i;
+  if (threadIdx.x == 0) {
+    cuda::ptx::mbarrier_init(&full, 1);
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    // The other threads' generic writes of the source, then the async proxy's read of it.
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
+    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, &full,
+                                         512u);
+    cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, landed, out, 512u, &full);
+  }
+  if (reader) {
+    wait_phase(&full, 0);
+    for (uint32_t i = threadIdx.x; i < 128; i += 64) out[128 + i] = landed[i];
+  }
+}
+
 bool check(const char* name, void (*kernel)(uint32_t*), uint32_t words, uint32_t (*expected)(uint32_t)) {
   uint32_t* out = nullptr;
   uint32_t host[kRounds * 32] = {};
@@ -107,5 +134,6 @@ int main() {
   ok = check("mbarrier_slot", mbarrier_slot<false>, kRounds, [](uint32_t i) { return 100 + i; }) && ok;
   ok = check("mbarrier_warp", mbarrier_slot<true>, kRounds, [](uint32_t i) { return 100 + i; }) && ok;
   ok = check("group_flag", group_flag, kRounds, [](uint32_t i) { return 200 + i; }) && ok;
+  ok = check("bulk_copy", bulk_copy, 256, [](uint32_t i) { return 400 + i % 128; }) && ok;
   return ok ? 0 : 1;
 }
