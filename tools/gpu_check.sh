@@ -3,8 +3,8 @@
 #   tools/gpu_check.sh STEP...   steps: info | sass BIN | test BIN [gtest args] | test-each BIN |
 #                                       tests DIR | ctest | sanitize DIR OUTFILE | stress N
 #     sanitize DIR OUTFILE: every GPU test binary under DIR under the four compute-sanitizer tools
-#                           (reduced runs, $SANITIZE_SECONDS in all, default 480), rows {binary, tool,
-#                           errors, explained}
+#                           (reduced runs, $SANITIZE_SECONDS in all, default 480), and the sanitizer
+#                           probe under racecheck; rows {binary, tool, errors, explained}
 #     stress N:             issue 33's run/dump/bench sequence N times, stopping at the first failure
 #                           ($MEGAMOE: the tool, default $BUILD/megamoe); $OUT/stress.json
 #   tools/gpu_check.sh clocks CMD...             CMD with the SM clock and board power logged
@@ -189,6 +189,21 @@ step_sanitize() {
       fi
     done
   done
+  # The probe's hand-overs are correct by construction and check their results: what racecheck
+  # reports on them, it also reports on the kernels' same hand-overs without a race.
+  local probe; probe=$(find "$dir" -maxdepth 3 -type f -name megamoe_sanitizer_probe -perm -u+x | head -1)
+  if [ -n "$probe" ]; then
+    local log="$logs/racecheck-megamoe_sanitizer_probe.log" errors=-1 filtered=0 rc=-1 t0=$SECONDS
+    timeout 60 compute-sanitizer --tool racecheck "$probe" >"$log" 2>&1
+    rc=$?
+    read -r errors filtered < <(count_reports "$log")
+    local wrong; wrong=$(grep -c "WRONG" "$log")
+    printf ',    {"binary": "megamoe_sanitizer_probe", "tool": "racecheck", "errors": %d, "explained": "%s", "filtered": %d, "exit": %d, "seconds": %d}\n' \
+      "$errors" "reference hand-overs, each checking what it read ($wrong wrong); reports per kernel: $(grep -E "Race reported" "$log" | grep -oE "::[a-z_]+[(<]" | sort | uniq -c | tr -s ' ' | tr '\n' ';' | tr -d '(<:')" \
+      "$filtered" "$rc" "$((SECONDS - t0))" >>"$outfile"
+    echo "racecheck  megamoe_sanitizer_probe errors $errors ($wrong wrong)"
+    [ "$wrong" -eq 0 ] && [ $rc -eq 0 ] || status=1
+  fi
   printf '  ]\n}\n' >>"$outfile"
   tar czf "$OUT/sanitize-logs.tar.gz" -C "$logs" . && rm -rf "$logs"
   echo "wrote $outfile and $OUT/sanitize-logs.tar.gz"
