@@ -36,6 +36,7 @@
 namespace megamoe::bench {
 
 using cli::Flags;
+using cli::parse_list;
 using cli::parse_number;
 using cli::preset_flag;
 using cli::ranks_flag;
@@ -463,21 +464,9 @@ BenchOptions parse_bench(const std::vector<std::string>& args) {
     require(parse_routing(*text, options.routing) && options.routing != Routing::one_expert, "--routing",
             "must be uniform or zipf, got '", *text, "'");
   }
-  if (auto text = flags.value("--schedule")) {
-    options.schedules.clear();
-    std::stringstream list(*text);
-    std::string item;
-    while (std::getline(list, item, ',')) {
-      Schedule schedule = Schedule::staged;
-      require(parse_schedule(item, schedule), "--schedule", "must be a comma-separated list of staged and fused, got '",
-              *text, "'");
-      require(std::find(options.schedules.begin(), options.schedules.end(), schedule) == options.schedules.end(),
-              "--schedule", "names ", item, " twice");
-      options.schedules.push_back(schedule);
-    }
-    require(!options.schedules.empty() && text->back() != ',', "--schedule",
-            "expected a comma-separated list of staged and fused, got '", *text, "'");
-  }
+  options.schedules = parse_list<Schedule>(
+      flags, "--schedule", options.schedules, "staged and fused",
+      [](const std::string& item, Schedule& value) { return parse_schedule(item, value); });
   if (auto text = flags.value("--seed")) options.seed = parse_number<uint64_t>("--seed", *text, 0, UINT64_MAX);
   if (auto text = flags.value("--repeats")) options.repeats = parse_number<int32_t>("--repeats", *text, 1, 10000);
   const std::optional<std::string> out = flags.value("--out");

@@ -29,6 +29,7 @@ namespace megamoe::soak {
 namespace {
 
 using cli::Flags;
+using cli::parse_list;
 using cli::parse_number;
 
 constexpr int32_t kMaxTokens = 256;  // per rank: the largest input set
@@ -228,25 +229,6 @@ class SharedOutcomes {
   size_t bytes_;
   RankOutcome* outcomes_;
 };
-
-template <typename T, typename Parse>
-std::vector<T> parse_list(const Flags& flags, const char* flag, std::vector<T> fallback, const char* expected,
-                          const Parse& parse) {
-  const std::optional<std::string> text = flags.value(flag);
-  if (!text) return fallback;
-  std::vector<T> items;
-  std::stringstream list(*text);
-  std::string item;
-  while (std::getline(list, item, ',')) {
-    T value{};
-    require(parse(item, value), flag, "must be a comma-separated list of ", expected, ", got '", *text, "'");
-    require(std::find(items.begin(), items.end(), value) == items.end(), flag, "names ", item, " twice");
-    items.push_back(value);
-  }
-  require(!items.empty() && text->back() != ',', flag, "must be a comma-separated list of ", expected, ", got '",
-          *text, "'");
-  return items;
-}
 
 }  // namespace
 

@@ -2,9 +2,11 @@
 // Every mistake throws megamoe::Error whose message starts with the flag it is about.
 #pragma once
 
+#include <algorithm>
 #include <charconv>
 #include <initializer_list>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +41,27 @@ T parse_number(const std::string& flag, const std::string& text, T min_value, T 
   require(ec == std::errc() && value >= min_value && value <= max_value, flag.c_str(), text,
           " is out of range: must be in [", min_value, ", ", max_value, "]");
   return value;
+}
+
+// A comma-separated flag: each item through parse(item, value) -> bool, none twice; `fallback` when
+// the flag is absent. `expected` names the items in the error message.
+template <typename T, typename Parse>
+std::vector<T> parse_list(const Flags& flags, const char* flag, std::vector<T> fallback, const char* expected,
+                          const Parse& parse) {
+  const std::optional<std::string> text = flags.value(flag);
+  if (!text) return fallback;
+  std::vector<T> items;
+  std::stringstream list(*text);
+  std::string item;
+  while (std::getline(list, item, ',')) {
+    T value{};
+    require(parse(item, value), flag, "must be a comma-separated list of ", expected, ", got '", *text, "'");
+    require(std::find(items.begin(), items.end(), value) == items.end(), flag, "names ", item, " twice");
+    items.push_back(value);
+  }
+  require(!items.empty() && text->back() != ',', flag, "must be a comma-separated list of ", expected, ", got '",
+          *text, "'");
+  return items;
 }
 
 // --preset (required): the named preset.
