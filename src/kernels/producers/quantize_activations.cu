@@ -1,0 +1,71 @@
+// BF16 activations to E4M3 with one FP32 scale per 1x128 block (megamoe/producers.h). One warp per
+// block: lane l holds values 4l..4l+3 (8 bytes), the block's largest magnitude is a warp maximum.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+
+#include "megamoe/error.h"
+#include "megamoe/formats.h"
+#include "megamoe/producers.h"
+
+namespace megamoe {
+namespace {
+
+__global__ void quantize_activations_kernel(const uint2* x, uint64_t blocks, uint32_t* x_out, float* x_scales) {
+  const uint32_t lane = threadIdx.x % 32;
+  const uint64_t warps = uint64_t{gridDim.x} * (blockDim.x / 32);
+  for (uint64_t block = (uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32; block < blocks; block += warps) {
+    const uint2 bits = x[block * 32 + lane];
+    const uint16_t halves[4] = {static_cast<uint16_t>(bits.x), static_cast<uint16_t>(bits.x >> 16),
+                                static_cast<uint16_t>(bits.y), static_cast<uint16_t>(bits.y >> 16)};
+    float values[4];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      values[i] = bf16_to_float(halves[i]);
+      amax = fmaxf(amax, fabsf(values[i]));  // fmaxf skips NaN, as the reference's std::fmax
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+    const Fp8BlockQuantizer quantizer = Fp8BlockQuantizer::from_amax(amax);
+    uint32_t codes = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) codes |= uint32_t{quantizer.quantize(values[i])} << (8 * i);
+    x_out[block * 32 + lane] = codes;
+    if (lane == 0) x_scales[block] = quantizer.scale;
+  }
+}
+
+}  // namespace
+
+void quantize_activations_host(const uint16_t* x, int64_t tokens, int64_t hidden, uint8_t* x_out, float* x_scales) {
+  for (int64_t block = 0; block < tokens * (hidden / kScaleBlock); ++block) {
+    const uint16_t* in = x + block * kScaleBlock;
+    float amax = 0.0f;
+    for (int c = 0; c < kScaleBlock; ++c) amax = std::fmax(amax, std::fabs(bf16_to_float(in[c])));
+    const Fp8BlockQuantizer quantizer = Fp8BlockQuantizer::from_amax(amax);
+    for (int c = 0; c < kScaleBlock; ++c) x_out[block * kScaleBlock + c] = quantizer.quantize(bf16_to_float(in[c]));
+    x_scales[block] = quantizer.scale;
+  }
+}
+
+void quantize_activations(const TensorView& x, const TensorView& x_out, const TensorView& x_scales,
+                          cudaStream_t stream) {
+  require(x.ndim == 2, "x", "must have 2 dimensions [tokens, hidden], got ", x.ndim);
+  const int64_t tokens = x.shape[0], hidden = x.shape[1];
+  require(hidden > 0 && hidden % kScaleBlock == 0, "x", "hidden (its second dimension) must be a positive multiple of ",
+          kScaleBlock, ", got ", hidden);
+  check_tensor(x, "x", DType::bf16, {tokens, hidden}, Device::cuda);
+  check_tensor(x_out, "x_out", DType::e4m3, {tokens, hidden}, Device::cuda);
+  check_tensor(x_scales, "x_scales", DType::f32, {tokens, hidden / kScaleBlock}, Device::cuda);
+  const uint64_t blocks = static_cast<uint64_t>(tokens) * static_cast<uint64_t>(hidden / kScaleBlock);
+  if (blocks == 0) return;
+  constexpr int kThreads = 256;
+  const uint64_t grid = (blocks + kThreads / 32 - 1) / (kThreads / 32);
+  quantize_activations_kernel<<<static_cast<unsigned>(grid < 65536 ? grid : 65536), kThreads, 0, stream>>>(
+      static_cast<const uint2*>(x.data), blocks, static_cast<uint32_t*>(x_out.data), x_scales.as<float>());
+  const cudaError_t status = cudaGetLastError();
+  require(status == cudaSuccess, "quantize_activations", "launch failed: ", cudaGetErrorString(status));
+}
+
+}  // namespace megamoe
