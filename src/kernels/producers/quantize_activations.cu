@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "megamoe/error.h"
 #include "megamoe/formats.h"
@@ -55,6 +56,9 @@ void quantize_activations(const TensorView& x, const TensorView& x_out, const Te
   const int64_t tokens = x.shape[0], hidden = x.shape[1];
   require(hidden > 0 && hidden % kScaleBlock == 0, "x", "hidden (its second dimension) must be a positive multiple of ",
           kScaleBlock, ", got ", hidden);
+  // Each lane moves four values: 8-byte loads, 4-byte stores.
+  require(reinterpret_cast<uintptr_t>(x.data) % 8 == 0, "x", "must start on an 8-byte boundary");
+  require(reinterpret_cast<uintptr_t>(x_out.data) % 4 == 0, "x_out", "must start on a 4-byte boundary");
   check_tensor(x, "x", DType::bf16, {tokens, hidden}, Device::cuda);
   check_tensor(x_out, "x_out", DType::e4m3, {tokens, hidden}, Device::cuda);
   check_tensor(x_scales, "x_scales", DType::f32, {tokens, hidden / kScaleBlock}, Device::cuda);
