@@ -179,6 +179,7 @@ struct BenchData {
   uint64_t seed = 1;
   int32_t repeats = 10;
   std::vector<Schedule> schedules;
+  std::string trace_dir;  // empty: no event logs
 };
 
 class EventPair {
@@ -232,6 +233,38 @@ std::vector<double> median_calls_us(Communicator& comm, cudaStream_t stream, int
 void call_layer(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
                 cudaStream_t stream, Schedule schedule) {
   mega_moe(buffer, inputs, weights, y, stream, {}, CallOptions{schedule});
+}
+
+// One more fused call with its event log (CallOptions::trace), written to DIR/trace-<tokens>-r<rank>.json:
+// {"tokens": T, "rank": R, "events": [[cta, unit, kind, what, ns], ...]} with ns from the first event.
+void write_trace(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
+                 cudaStream_t stream, const std::string& dir, int32_t rank) {
+  const int64_t bytes = fused_trace_bytes(buffer);
+  DeviceArena memory;
+  uint8_t* log = memory.allocate<uint8_t>(static_cast<uint64_t>(bytes), "bench: fused trace");
+  MEGAMOE_CHECK_CUDA(cudaMemsetAsync(log, 0, static_cast<size_t>(bytes), stream));
+  CallOptions options{Schedule::fused};
+  options.trace = TensorView::contiguous(log, DType::u8, {bytes}, Device::cuda);
+  mega_moe(buffer, inputs, weights, y, stream, {}, options);
+  buffer.check_device_error(stream);
+  std::vector<FusedTraceEvent> events(static_cast<size_t>(bytes) / sizeof(FusedTraceEvent));
+  MEGAMOE_CHECK_CUDA(cudaMemcpy(events.data(), log, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost));
+  uint64_t first = UINT64_MAX;
+  for (const FusedTraceEvent& e : events)
+    if (e.ns != 0) first = std::min(first, e.ns);
+  const std::string path = dir + "/trace-" + std::to_string(inputs.num_tokens) + "-r" + std::to_string(rank) + ".json";
+  FILE* file = std::fopen(path.c_str(), "w");
+  require(file != nullptr, "--trace", "cannot write '", path, "'");
+  std::fprintf(file, "{\"tokens\": %d, \"rank\": %d, \"events\": [", inputs.num_tokens, rank);
+  bool comma = false;
+  for (const FusedTraceEvent& e : events) {
+    if (e.ns == 0) continue;
+    std::fprintf(file, "%s\n  [%u, %u, %u, %u, %llu]", comma ? "," : "", unsigned{e.cta}, e.unit, unsigned{e.kind},
+                 unsigned{e.what}, static_cast<unsigned long long>(e.ns - first));
+    comma = true;
+  }
+  std::fprintf(file, "\n]}\n");
+  require(std::fclose(file) == 0, "--trace", "writing '", path, "' failed");
 }
 
 // A call captured in a CUDA graph, and the number of kernels it launches.
@@ -386,6 +419,8 @@ void bench_rank(Communicator& comm, const BenchData& data, const SharedArray<Ran
       call_layer(buffer, in, weights->view(), fused_out, stream, data.schedules.front());
       compare_outputs(fused_y, baseline_y, int64_t{in.num_tokens} * p.hidden, stream, m);
     }
+    if (!data.trace_dir.empty())
+      write_trace(buffer, in, weights->view(), fused_out, stream, data.trace_dir, rank);
     measures[s * static_cast<size_t>(ranks) + static_cast<size_t>(rank)] = m;
     if (rank == 0) {
       std::fprintf(stderr, "bench: %d tokens/rank: rank 0 staged %.1f us, fused %.1f us, baseline %.1f us\n",
@@ -422,7 +457,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 const char* bench_usage() {
   return "  megamoe bench --preset NAME [--ranks R] [--tokens LIST] [--recipe fp8|fp8_fp4|bf16]\n"
          "                [--routing uniform|zipf] [--schedule staged,fused] [--seed S] [--repeats N]\n"
-         "                --out FILE\n"
+         "                [--trace DIR] --out FILE\n"
          "\n"
          "Times the whole layer and an unfused baseline (NCCL all-to-all, cuBLASLt per-expert GEMMs and\n"
          "permute/SwiGLU/combine kernels) for each token count, with floors from ceilings measured in\n"
@@ -432,12 +467,14 @@ const char* bench_usage() {
          "  --tokens   tokens per rank, comma-separated (default 1,8,128,512,2048,8192)\n"
          "  --schedule which schedules to time, comma-separated (default staged,fused; rows per schedule)\n"
          "  --repeats  timed calls per size; the median is reported (default 10)\n"
+         "  --trace    after each size, one more fused call with its event log, written to\n"
+         "             DIR/trace-<tokens>-r<rank>.json (tools/plot_trace.py draws it)\n"
          "  --out      the JSON results file (its directory must exist)\n";
 }
 
 BenchOptions parse_bench(const std::vector<std::string>& args) {
   const Flags flags(args, {"--preset", "--ranks", "--tokens", "--recipe", "--routing", "--seed", "--repeats",
-                           "--schedule", "--out"});
+                           "--schedule", "--trace", "--out"});
   BenchOptions options;
   options.command = "megamoe bench";
   for (const std::string& arg : args) options.command += " " + arg;
@@ -469,6 +506,10 @@ BenchOptions parse_bench(const std::vector<std::string>& args) {
       [](const std::string& item, Schedule& value) { return parse_schedule(item, value); });
   if (auto text = flags.value("--seed")) options.seed = parse_number<uint64_t>("--seed", *text, 0, UINT64_MAX);
   if (auto text = flags.value("--repeats")) options.repeats = parse_number<int32_t>("--repeats", *text, 1, 10000);
+  if (auto text = flags.value("--trace")) {
+    require(std::filesystem::is_directory(*text), "--trace", "directory '", *text, "' does not exist");
+    options.trace_dir = *text;
+  }
   const std::optional<std::string> out = flags.value("--out");
   require(out.has_value() && !out->empty(), "--out", "is required: the JSON results file to write");
   const std::filesystem::path directory = std::filesystem::path(*out).parent_path();
@@ -612,6 +653,7 @@ void run_bench(const BenchOptions& options) {
   data.seed = options.seed;
   data.repeats = options.repeats;
   data.schedules = options.schedules;
+  data.trace_dir = options.trace_dir;
   data.with_baseline = with_baseline;
   for (int32_t tokens : options.tokens) {
     data.batches.push_back(synthetic_batches(problem, std::vector<int32_t>(static_cast<size_t>(ranks), tokens),

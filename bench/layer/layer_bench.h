@@ -27,6 +27,7 @@ struct BenchOptions {
   int32_t repeats = 10;
   std::vector<Schedule> schedules = {Schedule::staged, Schedule::fused};  // each timed, in the same rounds
   std::string out;      // the JSON results file
+  std::string trace_dir;  // --trace: one fused call's event log per size and rank, as JSON, here
   std::string command;  // the command line, for the report
 };
 

@@ -59,11 +59,33 @@ struct LayerWeights {
 
 // Options of one call.
 struct CallOptions {
+  CallOptions(Schedule schedule_ = Schedule::staged) : schedule(schedule_) {}  // implicit: a Schedule converts
   // staged: six launches in sequence; fused: one persistent launch (kernels/fused) in which dispatch,
   // both GEMMs and combine overlap. Both compute the same steps; their tile shapes (and split K,
   // staged only) may differ, which moves FP32 sums by rounding.
   Schedule schedule = Schedule::staged;
+  // Optional, fused schedule only: an event log of the call, for seeing where its time goes
+  // (tools/plot_trace.py). u8 [fused_trace_bytes(buffer)] on the device, read once the call is done.
+  TensorView trace;
 };
+
+// One event of a fused call's log (CallOptions::trace), as the device writes it: CTA c's events
+// are entries [c * kFusedTraceEventsPerCta, (c + 1) * kFusedTraceEventsPerCta), unused ones zero.
+// Its producer logs each unit it claims (claimed) and each GEMM unit once what it reads is ready
+// (ready); the math warps log each GEMM and combine unit they finish, the dispatch warps each send
+// and pull unit (done). A role that fills its share of the CTA's entries logs no more.
+struct FusedTraceEvent {
+  uint64_t ns;     // the GPU's global timer
+  uint32_t unit;   // the call's unit number, in claim order
+  uint8_t kind;    // 0 send, 1 pull, 2 shared L1, 3 routed L1, 4 routed L2, 5 shared L2, 6 combine
+  uint8_t what;    // 0 claimed, 1 ready, 2 done
+  uint16_t cta;
+};
+inline constexpr int64_t kFusedTraceEventsPerCta = 4096;
+int64_t fused_trace_bytes(const SymmBuffer& buffer);
+// Whether this build logs events (configured with -DMEGAMOE_FUSED_TRACE=ON; its fused kernels run
+// slower). Without it a call given CallOptions::trace is refused.
+bool fused_trace_compiled();
 
 // Views of the buffer's own input regions: a caller that writes x, x_scales and topk_weights there
 // saves the copy the layer otherwise makes (peers read these rows from this rank's buffer).

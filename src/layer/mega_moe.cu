@@ -214,7 +214,7 @@ void run_staged(SymmBuffer& buffer, const CallPlan& c, const LayerWeights& w, cu
 }
 
 // The fused schedule: one persistent launch (kernels/fused), all four GEMMs in the routed tile shape.
-void run_fused(const CallPlan& c, const LayerWeights& w, cudaStream_t stream) {
+void run_fused(const CallPlan& c, const LayerWeights& w, const CallOptions& options, cudaStream_t stream) {
   const Problem& p = c.p;
   require(static_cast<uint32_t>(p.num_experts) <= fused::kMaxExperts &&
               static_cast<uint64_t>(c.l.experts_per_rank) * p.num_ranks <= fused::kMaxSegments &&
@@ -238,6 +238,16 @@ void run_fused(const CallPlan& c, const LayerWeights& w, cudaStream_t stream) {
                                   c.routed_tile.block_n, c.shared ? 2 * shared_intermediate / 256 : 0,
                                   c.shared ? (static_cast<uint32_t>(p.hidden) + 255) / 256 : 0});
   f.overlapped_launch = c.overlap;
+  if (!options.trace.empty()) {
+    require(fused::kFusedTrace, "options.trace",
+            "this build logs no events: configure it with -DMEGAMOE_FUSED_TRACE=ON (its fused kernels run slower)");
+    check_tensor(options.trace, "options.trace", DType::u8,
+                 {int64_t{c.grid} * kFusedTraceEventsPerCta * static_cast<int64_t>(sizeof(FusedTraceEvent))},
+                 Device::cuda);
+    require(reinterpret_cast<uintptr_t>(options.trace.data) % alignof(FusedTraceEvent) == 0, "options.trace",
+            "must start on an 8-byte boundary");
+    f.trace = options.trace.as<FusedTraceEvent>();
+  }
   fused::launch(f, c.grid, stream);
 }
 
@@ -246,11 +256,20 @@ void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w,
   check_inputs(buffer.problem(), in, y, recv_stats);
   check_weights(buffer.problem(), w);
   const CallPlan plan(buffer, in, y, recv_stats);
-  if (options.schedule == Schedule::fused) run_fused(plan, w, stream);
+  require(options.trace.empty() || options.schedule == Schedule::fused, "options.trace",
+          "is the fused schedule's event log; the staged schedule takes none");
+  if (options.schedule == Schedule::fused) run_fused(plan, w, options, stream);
   else run_staged(buffer, plan, w, stream);
 }
 
 }  // namespace
+
+bool fused_trace_compiled() { return fused::kFusedTrace; }
+
+int64_t fused_trace_bytes(const SymmBuffer& buffer) {
+  return int64_t{std::max(1, buffer.comm().sm_budget())} * kFusedTraceEventsPerCta *
+         static_cast<int64_t>(sizeof(FusedTraceEvent));
+}
 
 void detail::expert_gemms(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights,
                           cudaStream_t stream) {

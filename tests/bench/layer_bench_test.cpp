@@ -73,6 +73,13 @@ TEST(BenchFlags, MistakesNameTheirFlag) {
   expect_names({"--preset", "tiny", "--out", "layer.json", "--bogus", "1"}, "--bogus");
   expect_names({"--preset", "tiny", "--out", "layer.json", "--seed"}, "--seed");
   expect_names({"--preset", "tiny", "--out", "a.json", "--out", "b.json"}, "--out");
+  expect_names({"--preset", "tiny", "--out", "layer.json", "--trace", "/no/such/directory"}, "--trace");
+}
+
+TEST(BenchFlags, TraceNamesAnExistingDirectory) {
+  EXPECT_EQ(parse_bench({"--preset", "tiny", "--out", "layer.json"}).trace_dir, "");
+  const std::string dir = ::testing::TempDir();
+  EXPECT_EQ(parse_bench({"--preset", "tiny", "--out", "layer.json", "--trace", dir}).trace_dir, dir);
 }
 
 // Two ranks, experts 0-1 on rank 0 and 2-3 on rank 1, top-2, H = I = 128, one shared expert.

@@ -73,6 +73,15 @@ TEST(LayerArguments, EachBadArgumentIsNamed) {
     const TensorView stats = TensorView::contiguous(y_memory, DType::i32, {4}, Device::cuda);
     expect_refused([&] { fp8_mega_moe(buffer, batch.inputs(), w, y, stream, stats); }, {"recv_stats", "dtype i64"});
     expect_refused([&] { bf16_mega_moe(buffer, batch.inputs(), w, y, stream); }, {"buffer", "recipe fp8", "bf16"});
+    // The fused schedule's event log: the staged schedule takes none, and a build without the log
+    // says how to get one.
+    CallOptions traced(Schedule::staged);
+    traced.trace = TensorView::contiguous(y_memory, DType::u8, {16}, Device::cuda);
+    expect_refused([&] { fp8_mega_moe(buffer, batch.inputs(), w, y, stream, {}, traced); },
+                   {"options.trace", "staged schedule"});
+    traced.schedule = Schedule::fused;
+    expect_refused([&] { fp8_mega_moe(buffer, batch.inputs(), w, y, stream, {}, traced); },
+                   {"options.trace", fused_trace_compiled() ? "shape" : "MEGAMOE_FUSED_TRACE"});
     cudaFree(y_memory);
   });
   EXPECT_EQ(failed, 0);

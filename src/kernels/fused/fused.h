@@ -10,8 +10,18 @@
 #include "kernels/dispatch/dispatch.cuh"
 #include "kernels/fused/units.h"
 #include "kernels/gemm/gemm.h"
+#include "megamoe/layer.h"
 
 namespace megamoe::fused {
+
+// The event log (CallOptions::trace) is compiled in only with MEGAMOE_FUSED_TRACE (the CMake option
+// of that name): its code in the math warps' loop spilled the fp8 prefill mainloop (176 spill
+// accesses per four K blocks instead of 29).
+#ifdef MEGAMOE_FUSED_TRACE
+inline constexpr bool kFusedTrace = true;
+#else
+inline constexpr bool kFusedTrace = false;
+#endif
 
 // One call's launch: the routed and shared experts' GEMMs (all four in the routed tile shape; the
 // shared ones only when `shared`), the dispatch and combine arguments, and the units.
@@ -24,6 +34,7 @@ struct FusedLaunch {
   combine::CombineArgs combine;
   UnitPlan plan;
   bool overlapped_launch = false;  // launched while the stream's previous kernel runs
+  FusedTraceEvent* trace = nullptr;  // CallOptions::trace, or none
 };
 
 void launch(const FusedLaunch& launch, int grid, cudaStream_t stream);

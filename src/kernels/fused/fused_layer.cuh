@@ -24,6 +24,7 @@
 
 #include "kernels/combine/combine.cuh"
 #include "kernels/dispatch/dispatch.cuh"
+#include "kernels/fused/fused.h"
 #include "kernels/fused/units.h"
 #include "kernels/gemm/grouped_gemm.cuh"
 
@@ -37,6 +38,7 @@ struct FusedParams {
   dispatch::StagedInputs staged;
   combine::CombineArgs combine;
   UnitPlan plan;
+  FusedTraceEvent* trace;  // null: no event log
 };
 
 __device__ __forceinline__ bool is_gemm(UnitKind kind) {
@@ -72,7 +74,8 @@ struct FusedTables {
   static constexpr uint32_t kDispatchFlag = kBuilt + 1;
   static constexpr uint32_t kMathFlag = kDispatchFlag + 1;
   static constexpr uint32_t kLastFlag = kMathFlag + 1;
-  static constexpr uint32_t kWords = kLastFlag + 1;
+  static constexpr uint32_t kTraceCounts = kLastFlag + 1;  // [kTraceRoles]: events logged per role
+  static constexpr uint32_t kWords = kTraceCounts + 3;
 };
 
 // Where the math warps count their tiles done, in shared memory: computed from the parameters inside
@@ -233,6 +236,33 @@ struct FusedScheduler {
   }
 };
 
+// The event log (CallOptions::trace; kFusedTrace, fused.h). Each role has its share of the CTA's
+// entries and its count in shared memory; one thread per role logs.
+enum class TraceRole : uint32_t { producer, math, dispatch };
+// Entries [trace_share(role), trace_share(role + 1)) of the CTA's: half for the producer (two events
+// per unit), three eighths for the math warps, the rest for the dispatch warps.
+__host__ __device__ constexpr uint32_t trace_share(uint32_t role) {
+  constexpr uint32_t kEvents = static_cast<uint32_t>(kFusedTraceEventsPerCta);
+  return role == 0 ? 0 : role == 1 ? kEvents / 2 : role == 2 ? kEvents / 8 * 7 : kEvents;
+}
+enum class TraceWhat : uint8_t { claimed, ready, done };
+
+template <class Config>
+__device__ void trace_event(const FusedScheduler<Config>& s, TraceRole role, uint32_t unit, UnitKind kind,
+                            TraceWhat what) {
+  if constexpr (!kFusedTrace) return;
+  FusedTraceEvent* log = s.params.trace;
+  if (log == nullptr) return;
+  const uint32_t r = static_cast<uint32_t>(role);
+  uint32_t* count = s.words(FusedTables::kTraceCounts) + r;
+  const uint32_t entry = trace_share(r) + *count;
+  if (entry >= trace_share(r + 1)) return;
+  *count += 1;
+  log[uint64_t{blockIdx.x} * kFusedTraceEventsPerCta + entry] =
+      FusedTraceEvent{gemm::global_timer_ns(), unit, static_cast<uint8_t>(kind), static_cast<uint8_t>(what),
+                      static_cast<uint16_t>(blockIdx.x)};
+}
+
 // Thread 0 of a group computes a flag; every thread of the group gets it.
 template <class Sync, class Compute>
 __device__ bool group_flag(uint32_t* flag, uint32_t thread, const Sync& sync, const Compute& compute) {
@@ -307,6 +337,7 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
       if (lane == 0 && s.l2_units() == 0) device::rank_arrive(s.view(), s.control(), s.epoch(2));
     }
     const UnitRef ref = s.classify(unit);
+    if (lane == 0) trace_event(s, TraceRole::producer, unit, ref.kind, TraceWhat::claimed);
     if (ref.kind == UnitKind::send || ref.kind == UnitKind::pull) {
       if (lane == 0) push_dispatch(s, queue, unit);
       continue;
@@ -319,6 +350,7 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
     if (lane == 0) {
       const gemm::Tile tile = s.tile(ref);
       ok = wait_for_operands(s, ref, tile);
+      trace_event(s, TraceRole::producer, unit, ref.kind, TraceWhat::ready);
       // After a timeout the stages are loaded all the same (the record says the results are void),
       // so that the math warps' walk through the ring stays whole and the launch ends.
       const bool first_linear = is_first_linear(ref.kind);
@@ -433,6 +465,7 @@ __device__ void dispatch_fused(const FusedScheduler<Config>& s, uint32_t thread,
     if (ref.kind == UnitKind::send) run_send(s, ref.index, thread);
     else run_pull(s, ref.index, thread, lane);
     DispatchSync{}();  // the table and the slot are free again
+    if (thread == 0) trace_event(s, TraceRole::dispatch, unit, ref.kind, TraceWhat::done);
     if (thread == 0) cuda::ptx::mbarrier_arrive(s.queue_empty(queue.stage));
     queue.advance();
   }
@@ -498,6 +531,11 @@ __device__ void math_fused(FusedScheduler<Config>& s, uint32_t math_warpgroup, u
     if (first_linear) l1.epilogue.apply(s.smem, tile, acc, l1_prefetched, math_warpgroup, warp, lane, math_thread);
     else l2.epilogue.apply(s.smem, tile, acc, l2_prefetched, math_warpgroup, warp, lane, math_thread);
     last_l2_tile |= signal_tile_done(s, first_linear, tile, math_warpgroup, math_thread);
+    if (math_thread == 0) {
+      const UnitKind kind = first_linear ? (tile.job == 0 ? UnitKind::routed_l1 : UnitKind::shared_l1)
+                                         : (tile.job == 0 ? UnitKind::routed_l2 : UnitKind::shared_l2);
+      trace_event(s, TraceRole::math, index, kind, TraceWhat::done);
+    }
   }
   // The last L2 tile of this rank tells every rank its results have landed: at the loop's end, which
   // follows at once (it was the last GEMM unit), since the arrival's code inside the loop held
@@ -511,9 +549,11 @@ __device__ void math_fused(FusedScheduler<Config>& s, uint32_t math_warpgroup, u
                  !device::call_refused(s.control(), s.view().rank, true);
         }))
       break;
+    if (math_thread == 0) trace_event(s, TraceRole::math, index, UnitKind::combine, TraceWhat::ready);
     const TokenRange tokens =
         unit_tokens(s.classify(index).index, s.plan().tokens_per_combine, static_cast<uint32_t>(c.num_tokens));
     combine::combine_tokens(c, tokens.begin, tokens.end, math_thread, Config::kMathThreads);
+    if (math_thread == 0) trace_event(s, TraceRole::math, index, UnitKind::combine, TraceWhat::done);
     uint32_t* next = s.words(FusedTables::kMathFlag);
     gemm::math_barrier<Config>();
     if (math_thread == 0) *next = s.claim();
@@ -572,6 +612,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   FusedScheduler<Config> s{params, smem};
   if (thread == 0) {
     *s.built_flag() = 0;
+    for (uint32_t role = 0; role < 3; ++role) s.words(FusedTables::kTraceCounts)[role] = 0;
     const FusedCounters counters = s.counters();
     *s.signal_targets() = SignalTargets{s.control(), counters.l1_done, counters.shared_l1_done, 0};
     for (uint32_t slot = 0; slot < kQueueSlots; ++slot) {

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Draws a fused call's event log (megamoe bench --trace DIR) and says where its time went.
+
+    tools/plot_trace.py DIR/trace-8192-r0.json [...]   writes trace-8192-r0.png beside each file
+                                                       (needs matplotlib) and prints a summary
+
+Each CTA is a row. A GEMM unit is a bar from the moment its producer found its operands ready to the
+moment its math warps finished it, coloured by kind; before it, a grey bar while the producer waited
+for the operands. Send and pull units are bars from their claim to the dispatch warps' end; combine
+units end at their math warps' end. The summary gives, per kind, the units and their summed time,
+and the span of each kind (first start to last end).
+"""
+import argparse
+import json
+import os
+import sys
+
+KINDS = ["send", "pull", "shared L1", "routed L1", "routed L2", "shared L2", "combine"]
+COLORS = ["#8c564b", "#e377c2", "#17becf", "#1f77b4", "#ff7f0e", "#bcbd22", "#2ca02c"]
+CLAIMED, READY, DONE = 0, 1, 2
+
+
+def spans(events):
+    """(cta, kind, wait_start, start, end) per unit, in µs."""
+    by_unit = {}
+    for cta, unit, kind, what, ns in events:
+        by_unit.setdefault(unit, {"cta": cta, "kind": kind})[what] = ns / 1000.0
+    out = []
+    for unit in by_unit.values():
+        if DONE not in unit:
+            continue
+        claimed = unit.get(CLAIMED, unit.get(READY, unit[DONE]))
+        ready = unit.get(READY, claimed)
+        out.append((unit["cta"], unit["kind"], claimed, ready, unit[DONE]))
+    return out
+
+
+def summarize(path, units):
+    print(f"{path}: {len(units)} units")
+    end = max((u[4] for u in units), default=0.0)
+    print(f"  last unit done at {end:.1f} us after the first event")
+    for kind, name in enumerate(KINDS):
+        mine = [u for u in units if u[1] == kind]
+        if not mine:
+            continue
+        busy = sum(u[4] - u[3] for u in mine)
+        waited = sum(u[3] - u[2] for u in mine)
+        first, last = min(u[3] for u in mine), max(u[4] for u in mine)
+        print(f"  {name:10s} {len(mine):6d} units  run {busy:10.1f} us  waited {waited:10.1f} us  "
+              f"span {first:8.1f} .. {last:8.1f} us")
+
+
+def plot(path, units):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("plot_trace: matplotlib is not installed; summary only", file=sys.stderr)
+        return
+    ctas = max((u[0] for u in units), default=0) + 1
+    fig, ax = plt.subplots(figsize=(14, max(4.0, ctas * 0.06)))
+    for cta, kind, claimed, ready, done in units:
+        if ready > claimed:
+            ax.barh(cta, ready - claimed, left=claimed, height=0.8, color="#dddddd", linewidth=0)
+        ax.barh(cta, max(done - ready, 0.05), left=ready, height=0.8, color=COLORS[kind], linewidth=0)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS] + [plt.Rectangle((0, 0), 1, 1, color="#dddddd")]
+    ax.legend(handles, KINDS + ["waiting for operands"], loc="upper right", fontsize=7)
+    ax.set_xlabel("µs from the first event")
+    ax.set_ylabel("CTA")
+    ax.set_ylim(-1, ctas)
+    ax.invert_yaxis()
+    ax.set_title(os.path.basename(path))
+    out = os.path.splitext(path)[0] + ".png"
+    fig.savefig(out, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    print(f"  wrote {out}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("traces", nargs="+", help="trace JSON files written by megamoe bench --trace")
+    args = parser.parse_args()
+    for path in args.traces:
+        with open(path) as f:
+            log = json.load(f)
+        units = spans(log["events"])
+        summarize(path, units)
+        plot(path, units)
+
+
+if __name__ == "__main__":
+    main()
