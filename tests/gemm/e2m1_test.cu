@@ -69,6 +69,31 @@ TEST(E2M1Expansion, WordsOfRandomCodesKeepColumnOrder) {
   }
 }
 
+// The kernels' group order: word c of a packed group expands, low half then high half, into the
+// columns that lane c of a quad holds in wgmma's A fragment, 4c..4c+3 and 16+4c..16+4c+3 (so the
+// converters' chunks, every word's low half and then every high half, hold the columns in order).
+TEST(E2M1Expansion, PackedGroupsFollowTheAFragmentColumns) {
+  std::mt19937 rng(11);
+  for (uint32_t trial = 0; trial < 1000; ++trial) {
+    const uint32_t shift = rng() % (kMaxE2M1Shift + 1);
+    const E2M1Table table = e2m1_table(shift);
+    uint32_t plain[4], packed[4];
+    for (uint32_t& word : plain) word = rng();
+    pack_e2m1_group(plain, packed);
+    for (uint32_t c = 0; c < 4; ++c) {
+      const uint32_t halves[2] = {expand_e2m1_low(packed[c], table), expand_e2m1_high(packed[c], table)};
+      for (uint32_t h = 0; h < 2; ++h)
+        for (uint32_t i = 0; i < 4; ++i) {
+          const uint32_t column = 16 * h + 4 * c + i;
+          const uint8_t code = static_cast<uint8_t>((plain[column / 8] >> (4 * (column % 8))) & 0xFu);
+          const uint8_t byte = static_cast<uint8_t>(halves[h] >> (8 * i));
+          ASSERT_EQ(byte, expected_e4m3(code, shift)) << "word " << c << " half " << h << " byte " << i;
+          ASSERT_EQ(e2m1_group_column(c, 4 * h + i), column);
+        }
+    }
+  }
+}
+
 // Packed weights add a raw area per stage; the tiles still fit shared memory with a deep enough ring.
 TEST(E2M1Expansion, PackedWeightConfigsFitSharedMemory) {
   using Prefill = GemmConfig<Fp8Fp4Policy, TileLayout::tokens_on_m, 128>;
@@ -76,13 +101,18 @@ TEST(E2M1Expansion, PackedWeightConfigsFitSharedMemory) {
   EXPECT_GE(Prefill::kStages, 3u);
   EXPECT_GE(Decode::kStages, 4u);
   EXPECT_LE(Prefill::kSmemBytes, 227u * 1024);
-  EXPECT_EQ(Prefill::kRawOffset % 16, 0u);  // TMA and bulk-copy destinations
-  EXPECT_EQ(Prefill::kRawStride % 16, 0u);
+  // TMA's 64-byte swizzle pattern starts at 1024-byte boundaries of shared memory.
+  EXPECT_EQ(Prefill::kRawOffset % 1024, 0u);
+  EXPECT_EQ(Prefill::kRawStride % 1024, 0u);
+  EXPECT_EQ(Decode::kRawOffset % 1024, 0u);
   EXPECT_EQ(Prefill::kStageTxBytes, Prefill::kTokenBytes + Prefill::kScaleBytes);  // weights arrive via converters
   EXPECT_EQ(Prefill::kFullArrivals, 8u);  // the producer and seven converter warps
   EXPECT_EQ(Prefill::kThreads, 512u);
-  EXPECT_EQ(Decode::kFullArrivals, 12u);  // the producer and eleven converter warps (two converter warpgroups)
-  EXPECT_EQ(Decode::kThreads, 640u);
+  // Decode tiles expand in the math warps' registers: no converters, no E4M3 tile, raw bytes on full[s].
+  EXPECT_EQ(Decode::kFullArrivals, 1u);
+  EXPECT_EQ(Decode::kThreads, 384u);
+  EXPECT_EQ(Decode::kWeightBytes, 0u);
+  EXPECT_GE(Decode::kStages, 8u);
 }
 
 }  // namespace

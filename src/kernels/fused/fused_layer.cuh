@@ -9,7 +9,7 @@
 //     staged schedule's dispatch functions, while the math warps run GEMMs;
 //   - the math warpgroups run GEMM units through the same mainloop and epilogues as the staged
 //     schedule, then claim and run the combine units themselves;
-//   - with packed weights, the converter warpgroups expand the GEMM units' weight tiles.
+//   - with packed weights in prefill tiles, the converter warpgroup expands the GEMM units' weight tiles.
 // The math warps' loop holds nothing but GEMMs: with dispatch code in it, values hoisted out of the
 // loop held registers through the mainloop, which then spilled.
 // Readiness counters (layout.h, FusedCounters) are released after the writes they cover and acquired
@@ -371,7 +371,7 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
   }
 }
 
-// Converter warps (packed weights): expand the GEMM units' weight tiles.
+// Converter warps (packed weights, prefill tiles): expand the GEMM units' weight tiles.
 template <class Config>
 __device__ void convert_fused(FusedScheduler<Config>& s, uint32_t thread, uint32_t lane) {
   gemm::RingPosition<Config::kStages> ring;
@@ -632,10 +632,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     if (warp == 0) produce_fused(s, lane);
     else dispatch_fused(s, thread - 32, lane);
     finish_cta(s, thread);
-  } else if (warpgroup > Config::kMathWarpgroups) {
-    ptx::setmaxnreg_decrease<gemm::kProducerRegisters>();
-    convert_fused(s, 128 * (warpgroup - 1 - Config::kMathWarpgroups) + thread % 128, lane);
-    finish_cta(s, thread);
+  } else if (Config::kConverters && warpgroup > Config::kMathWarpgroups) {
+    if constexpr (Config::kConverters) {
+      ptx::setmaxnreg_decrease<gemm::kProducerRegisters>();
+      convert_fused(s, 128 * (warpgroup - 1 - Config::kMathWarpgroups) + thread % 128, lane);
+      finish_cta(s, thread);
+    }
   } else {
     ptx::setmaxnreg_increase<gemm::kMathRegisters<Config>>();
     const uint32_t math_warpgroup = __shfl_sync(0xFFFFFFFFu, warpgroup - 1, 0);

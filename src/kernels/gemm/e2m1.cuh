@@ -50,7 +50,7 @@ MEGAMOE_HD uint32_t select_bytes(uint32_t low, uint32_t high, uint32_t selector)
 }
 
 // The kernels' packing of E2M1 codes (applied on the device when weights are prepared,
-// fp4_scales.h): eight codes per 32-bit word in column order, each code's magnitude in bits 0..2 of
+// fp4_scales.h): eight codes per 32-bit word (pack_e2m1_group says which), each code's magnitude in bits 0..2 of
 // its nibble as in the plain packing, but the eight sign bits (bit 3 of each nibble) permuted so
 // that the signs of codes 0..3 sit at bits 7, 15, 23, 31 (where E4M3 bytes keep their sign) and
 // those of codes 4..7 four bits lower. Expanding a word then takes seven instructions: one mask of
@@ -65,7 +65,27 @@ MEGAMOE_HD uint32_t interleave_e2m1_signs(uint32_t packed) {
   return out;
 }
 
-// Codes 0..3 (low) or 4..7 (high) of an interleaved word as four E4M3 bytes in column order. PRMT
+// The kernels' order of each group of 32 codes (16 bytes, four words, each sign-interleaved): word c
+// holds the columns that lane c of a quad takes in wgmma's A fragment for the group's 32-wide K step
+// (wgmma.cuh), 4c..4c+3 as its codes 0..3 and 16+4c..16+4c+3 as its codes 4..7. A decode tile's math
+// thread expands one word into its two A registers of a row; a prefill tile's converter writes the
+// four words' low halves as the group's first 16 columns and their high halves as the next 16.
+// `plain` is the group in the plain packing (byte j: column 2j in the low nibble, 2j + 1 in the high).
+MEGAMOE_HD uint32_t e2m1_group_column(uint32_t word, uint32_t code) {
+  return code < 4 ? 4 * word + code : 16 + 4 * word + (code - 4);
+}
+MEGAMOE_HD void pack_e2m1_group(const uint32_t (&plain)[4], uint32_t (&packed)[4]) {
+  for (uint32_t word = 0; word < 4; ++word) {
+    uint32_t codes = 0;
+    for (uint32_t code = 0; code < 8; ++code) {
+      const uint32_t column = e2m1_group_column(word, code);
+      codes |= ((plain[column / 8] >> (4 * (column % 8))) & 0xFu) << (4 * code);
+    }
+    packed[word] = interleave_e2m1_signs(codes);
+  }
+}
+
+// Codes 0..3 (low) or 4..7 (high) of an interleaved word as four E4M3 bytes, in code order. PRMT
 // reads only the selector's low 16 bits, so both halves take their selectors from one masked word,
 // which the compiler computes once (a mask per half costs one more instruction per word).
 MEGAMOE_HD uint32_t e2m1_magnitudes(uint32_t interleaved) { return interleaved & 0x77777777u; }

@@ -33,9 +33,14 @@ __global__ void derive_fp4_weight_scales_kernel(const uint8_t* mx_scales, uint32
   }
 }
 
-__global__ void interleave_signs_kernel(uint32_t* words, uint64_t count) {
-  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < count; i += uint64_t{gridDim.x} * blockDim.x)
-    words[i] = interleave_e2m1_signs(words[i]);
+// In place, one group of 32 codes (four words) per thread.
+__global__ void pack_groups_kernel(uint32_t* words, uint64_t groups) {
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < groups; i += uint64_t{gridDim.x} * blockDim.x) {
+    uint32_t plain[4], packed[4];
+    for (uint32_t w = 0; w < 4; ++w) plain[w] = words[4 * i + w];
+    pack_e2m1_group(plain, packed);
+    for (uint32_t w = 0; w < 4; ++w) words[4 * i + w] = packed[w];
+  }
 }
 
 }  // namespace
@@ -56,7 +61,7 @@ void prepare_fp4_weights(uint8_t* codes, const uint8_t* mx_scales, uint32_t rows
   const uint64_t blocks = (warps * 32 + kThreads - 1) / kThreads;
   derive_fp4_weight_scales_kernel<<<static_cast<uint32_t>(blocks), kThreads, 0, stream>>>(mx_scales, rows, k,
                                                                                          block_scales, shifts);
-  interleave_signs_kernel<<<1024, 256, 0, stream>>>(reinterpret_cast<uint32_t*>(codes), uint64_t{rows} * k / 8);
+  pack_groups_kernel<<<1024, 256, 0, stream>>>(reinterpret_cast<uint32_t*>(codes), uint64_t{rows} * k / 32);
   const cudaError_t status = cudaGetLastError();
   require(status == cudaSuccess, "prepare_fp4_weights", "launch failed: ", cudaGetErrorString(status));
 }

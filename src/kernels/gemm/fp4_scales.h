@@ -1,7 +1,8 @@
 // The fp8_fp4 GEMM's view of MXFP4 weights (e2m1.cuh explains the expansion), prepared on the device
 // from the transformed weights (weights.h):
-//   codes        [rows][k / 2] bytes:    repacked in place into the kernels' sign-interleaved packing
-//                                        (interleave_e2m1_signs on every 32-bit word);
+//   codes        [rows][k / 2] bytes:    repacked in place into the kernels' packing (pack_e2m1_group
+//                                        on every group of 32: the A-fragment column order, signs
+//                                        interleaved);
 // and, from the transformed UE8M0 scales [rows][k / 32] (rows = groups * n_out, every 64-row block
 // inside one group):
 //   block_scales [rows / 64][k / 128] FP32: 2^(S - 127), S the largest code of the 64 x 128 block,

@@ -15,10 +15,9 @@
 namespace megamoe::gemm {
 
 // setmaxnreg moves registers only within the CTA's allocation at launch: the launch bounds'
-// per-thread count (64K / threads, rounded down to a multiple of 8) times the threads, 168 x 384,
-// 128 x 512 and 96 x 640 here. The producer warpgroup and each converter warpgroup keep 40, the
-// math warpgroups share the rest in multiples of 8: 232, 216 beside one converter warpgroup, 176
-// beside two. Asking for more than the allocation holds would leave the math warps waiting in
+// per-thread count (64K / threads, rounded down to a multiple of 8) times the threads, 168 x 384
+// and 128 x 512 here. The producer warpgroup and each converter warpgroup keep 40, the math
+// warpgroups share the rest in multiples of 8: 232, or 216 beside a converter warpgroup. Asking for more than the allocation holds would leave the math warps waiting in
 // setmaxnreg forever, where no pipeline timeout sees them: kRegistersFit is checked at compile time.
 inline constexpr int kProducerRegisters = 40;
 template <class Config>
@@ -43,7 +42,7 @@ __device__ __forceinline__ void init_pipeline(const SharedStorage<Config>& smem,
     for (uint32_t stage = 0; stage < Config::kStages; ++stage) {
       cuda::ptx::mbarrier_init(smem.full(stage), full_arrivals);
       cuda::ptx::mbarrier_init(smem.empty(stage), Config::kMathWarpgroups * 4);
-      if constexpr (Config::kPacked) cuda::ptx::mbarrier_init(smem.raw_full(stage), 1);
+      if constexpr (Config::kConverters) cuda::ptx::mbarrier_init(smem.raw_full(stage), 1);
       cuda::ptx::mbarrier_init(smem.unit_ready(stage), 1);
     }
     // Make the initialized barriers visible to the async (TMA) proxy.
@@ -54,6 +53,12 @@ __device__ __forceinline__ void init_pipeline(const SharedStorage<Config>& smem,
       const E2M1Table table = e2m1_table(thread);
       smem.e2m1_tables()[thread] = make_uint2(table.low, table.high);
     }
+    // The shift areas start as valid table indices: a tile's rows past the tensor's end get no shifts
+    // copied and are expanded with whatever their area holds (their codes are zero). The bulk copies
+    // that later overwrite them are async-proxy writes: fence after the generic ones.
+    for (uint32_t i = thread; i < Config::kStages * Config::kShiftBytes / 4; i += Config::kThreads)
+      reinterpret_cast<uint32_t*>(smem.raw_shifts(i / (Config::kShiftBytes / 4)))[i % (Config::kShiftBytes / 4)] = 0;
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
   }
 }
 

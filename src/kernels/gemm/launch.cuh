@@ -47,10 +47,10 @@ GemmJob<Epilogue> make_job(const GemmOperands& operands, const Epilogue& epilogu
   GemmJob<Epilogue> job{};
   const uint64_t weight_rows = uint64_t{operands.num_groups} * operands.n_out;
   if constexpr (Config::kPacked) {
-    // E2M1 pairs: 64 bytes hold a K block of a row; the converters read them unswizzled.
+    // E2M1 pairs: 64 bytes hold a K block of a row, 64-byte swizzled (pipeline.cuh: the raw area).
     job.weights_map = make_tensor_map_2d(operands.weights, CU_TENSOR_MAP_DATA_TYPE_UINT8, operands.k / 2, weight_rows,
                                          operands.k / 2, Config::kBlockK / 2, Config::kBlockM,
-                                         CU_TENSOR_MAP_SWIZZLE_NONE, "weights");
+                                         CU_TENSOR_MAP_SWIZZLE_64B, "weights");
   } else {
     job.weights_map = make_tensor_map_2d(operands.weights, operand_type<Policy>(), operands.k, weight_rows,
                                          uint64_t{operands.k} * Policy::kElementBytes, Config::kBlockK,

@@ -114,18 +114,25 @@ __device__ __forceinline__ void issue_unit(const SharedStorage<Config>& smem, Ri
       cuda::ptx::mbarrier_arrive(smem.unit_ready(ring.stage));
     }
     uint64_t* full = smem.full(ring.stage);
-    const uint32_t stage_bytes = Config::kStageTxBytes;  // by value: the wrapper takes a reference
+    // E2M1 pairs (TMA zero-fills rows past the tensor) and the groups' shifts: their own barrier for
+    // the converters, or full[s] for the math warps of decode tiles.
+    uint32_t raw_bytes = 0;
+    if constexpr (Config::kPacked) {
+      const uint32_t rows_left = args.weight_rows - static_cast<uint32_t>(weight_row);
+      raw_bytes = Config::kRawWeightBytes + (rows_left < Config::kBlockM ? rows_left : Config::kBlockM) * (Config::kBlockK / 32);
+    }
+    const uint32_t stage_bytes = Config::kStageTxBytes + (Config::kExpandInRegisters ? raw_bytes : 0);
     cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
                                          full, stage_bytes);
     const int32_t k_coord = static_cast<int32_t>(kb * Config::kBlockK);
     if constexpr (Config::kPacked) {
-      // E2M1 pairs (TMA zero-fills rows past the tensor) and the groups' shifts, for the converters.
-      uint64_t* raw_full = smem.raw_full(ring.stage);
-      const uint32_t rows_left = args.weight_rows - static_cast<uint32_t>(weight_row);
-      const uint32_t shift_bytes = (rows_left < Config::kBlockM ? rows_left : Config::kBlockM) * (Config::kBlockK / 32);
-      const uint32_t raw_bytes = Config::kRawWeightBytes + shift_bytes;
-      cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
-                                           raw_full, raw_bytes);
+      uint64_t* raw_full = full;
+      if constexpr (Config::kConverters) {
+        raw_full = smem.raw_full(ring.stage);
+        cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                             raw_full, raw_bytes);
+      }
+      const uint32_t shift_bytes = raw_bytes - Config::kRawWeightBytes;
       const int32_t packed_coords[2] = {k_coord / 2, weight_row};
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
                                       smem.raw_weights(ring.stage), &job.weights_map, packed_coords, raw_full);
@@ -161,7 +168,7 @@ __device__ __forceinline__ void issue_empty_stage(const SharedStorage<Config>& s
   *smem.unit_slot(ring.stage) = index;
   cuda::ptx::mbarrier_arrive(smem.unit_ready(ring.stage));
   cuda::ptx::mbarrier_arrive(smem.full(ring.stage));
-  if constexpr (Config::kPacked) cuda::ptx::mbarrier_arrive(smem.raw_full(ring.stage));
+  if constexpr (Config::kConverters) cuda::ptx::mbarrier_arrive(smem.raw_full(ring.stage));
   ring.advance();
 }
 
@@ -179,14 +186,15 @@ __device__ void produce(const SharedStorage<Config>& smem, const TileScheduler<C
   issue_empty_stage<Config>(smem, ring, kNoUnit, jobs.job[0].args.watch);
 }
 
-// fp8_fp4: expands a stage's E2M1 weight tile (groups of 32 codes in the kernels' sign-interleaved
+// fp8_fp4 prefill tiles: expands a stage's E2M1 weight tile (groups of 32 codes in the kernels'
 // packing, e2m1.cuh) into the E4M3 tile the wgmmas read, laid out as TMA's 128-byte swizzle would
-// have left it (16-byte chunk c of row r at c ^ r % 8): per group, 16 packed bytes in, two chunks
-// out. Converter thread t takes groups t, t + kThreads, ...: consecutive threads on consecutive
-// groups keep the loads and the swizzled stores free of bank conflicts, and since kThreads is a
-// multiple of 32 (8 rows of 4 groups), every group of a thread has the same place in its row and
-// the same row phase (r % 8). Its shared addresses then step by constants: the per-group address
-// arithmetic had been a quarter of the converters' instructions.
+// have left it (16-byte chunk c of row r at c ^ r % 8): per group, 16 packed bytes in (chunk g of
+// its row at g ^ (r / 2) % 4, the raw tile's 64-byte swizzle), two chunks out, the first from the
+// four words' low halves. Converter thread t takes groups t, t + kThreads, ...: consecutive threads
+// on consecutive groups keep the loads and the swizzled stores free of bank conflicts, and since
+// kThreads is a multiple of 32 (8 rows of 4 groups), every group of a thread has the same place in
+// its row and the same row phase (r % 8). Its shared addresses then step by constants: the
+// per-group address arithmetic had been a quarter of the converters' instructions.
 template <class Config>
 __device__ __forceinline__ void expand_weight_tile(const SharedStorage<Config>& smem, uint32_t stage, uint32_t thread) {
   constexpr uint32_t kGroupsPerRow = Config::kBlockK / 32;
@@ -195,29 +203,54 @@ __device__ __forceinline__ void expand_weight_tile(const SharedStorage<Config>& 
   static_assert(kThreads % (8 * kGroupsPerRow) == 0, "a converter thread's groups must share their row phase");
   const uint32_t row = thread / kGroupsPerRow, part = thread % kGroupsPerRow;
   const uint32_t chunk0 = 16 * ((2 * part) ^ (row % 8)), chunk1 = 16 * ((2 * part + 1) ^ (row % 8));
-  const uint8_t* codes_in = smem.raw_weights(stage) + thread * 16;
+  const uint8_t* codes_in = smem.raw_weights(stage) + row * (Config::kBlockK / 2) + 16 * (part ^ (row / 2 % 4));
   const uint8_t* shifts_in = smem.raw_shifts(stage) + thread;
   uint8_t* row_out = smem.weights(stage) + row * Config::kRowBytes;
 #pragma unroll 1
   for (uint32_t group = thread; group < kGroups; group += kThreads) {
     const uint4 codes = *reinterpret_cast<const uint4*>(codes_in);
-    // Rows past the tensor's end have no shifts (stale bytes) but zero codes, which stay zero.
-    const uint32_t shift = min(static_cast<uint32_t>(*shifts_in), kMaxE2M1Shift);
-    const uint2 table = smem.e2m1_tables()[shift];
+    // Rows past the tensor's end have zero codes and an earlier stage's shifts (init_pipeline zeroes them first).
+    const uint2 table = smem.e2m1_tables()[*shifts_in];
     const E2M1Table lookup{table.x, table.y};
     *reinterpret_cast<uint4*>(row_out + chunk0) =
-        make_uint4(expand_e2m1_low(codes.x, lookup), expand_e2m1_high(codes.x, lookup),
-                   expand_e2m1_low(codes.y, lookup), expand_e2m1_high(codes.y, lookup));
+        make_uint4(expand_e2m1_low(codes.x, lookup), expand_e2m1_low(codes.y, lookup),
+                   expand_e2m1_low(codes.z, lookup), expand_e2m1_low(codes.w, lookup));
     *reinterpret_cast<uint4*>(row_out + chunk1) =
-        make_uint4(expand_e2m1_low(codes.z, lookup), expand_e2m1_high(codes.z, lookup),
-                   expand_e2m1_low(codes.w, lookup), expand_e2m1_high(codes.w, lookup));
+        make_uint4(expand_e2m1_high(codes.x, lookup), expand_e2m1_high(codes.y, lookup),
+                   expand_e2m1_high(codes.z, lookup), expand_e2m1_high(codes.w, lookup));
     codes_in += kThreads * 16;
     shifts_in += kThreads;
     row_out += kThreads / kGroupsPerRow * Config::kRowBytes;
   }
 }
 
-// Converter warps (fp8_fp4): expand each stage's weight tile, then arrive on full[s]. The
+// fp8_fp4 decode tiles: the A registers of one m64 block's K block (kFp8 layout in wgmma.cuh) for
+// the thread whose first row in the tile is `row`: per 32-wide K step g, word lane % 4 of group g
+// of rows `row` and `row` + 8, each expanded with its group's table into the low-half register
+// (columns 4 (lane % 4)..) and the high-half one (16 further). Both rows share their swizzle phase.
+template <class Config>
+__device__ __forceinline__ void expand_a_fragments(const SharedStorage<Config>& smem, uint32_t stage, uint32_t row,
+                                                   uint32_t lane, uint32_t (&a)[4][4]) {
+  constexpr uint32_t kRawRowBytes = Config::kBlockK / 2;
+  const uint8_t* codes = smem.raw_weights(stage) + row * kRawRowBytes + 4 * (lane % 4);
+  const uint32_t phase = row / 2 % 4;
+  const uint32_t shifts[2] = {*reinterpret_cast<const uint32_t*>(smem.raw_shifts(stage) + 4 * row),
+                              *reinterpret_cast<const uint32_t*>(smem.raw_shifts(stage) + 4 * (row + 8))};
+#pragma unroll
+  for (uint32_t g = 0; g < 4; ++g)
+#pragma unroll
+    for (uint32_t h = 0; h < 2; ++h) {
+      const uint32_t word = *reinterpret_cast<const uint32_t*>(codes + 8 * kRawRowBytes * h + 16 * (g ^ phase));
+      // Byte g, zero-extended, by one PRMT. Rows past the tensor's end keep an earlier stage's shifts
+      // (init_pipeline zeroes them first, so they are always table indices) and have zero codes.
+      const uint2 table = smem.e2m1_tables()[__byte_perm(shifts[h], 0, 0x4440 + g)];
+      const E2M1Table lookup{table.x, table.y};
+      a[g][h] = expand_e2m1_low(word, lookup);
+      a[g][2 + h] = expand_e2m1_high(word, lookup);
+    }
+}
+
+// Converter warps (fp8_fp4 prefill tiles): expand each stage's weight tile, then arrive on full[s]. The
 // expansion is generic-proxy writes that the wgmmas read through the async proxy: fence first.
 template <class Config, class Epilogue>
 __device__ void convert_weights(const SharedStorage<Config>& smem, const TileScheduler<Config::kBlockN>& scheduler,
@@ -282,6 +315,18 @@ __device__ __forceinline__ void issue_k_block(ptx::SmemDescSw128 desc_a, ptx::Sm
   ptx::wgmma_commit();
 }
 
+// The same with A from registers (fp8_fp4 decode tiles: a[kk] is K slice kk's fragment), starting d
+// from zero. The caller keeps `a` unchanged until the group has been waited for.
+template <class Config, class Mma, uint32_t kRegs>
+__device__ __forceinline__ void issue_k_block_a_registers(uint32_t (&a)[Config::kBlockK / 32][4],
+                                                          ptx::SmemDescSw128 desc_b, float (&d)[kRegs]) {
+  ptx::fence_registers(d);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (uint32_t kk = 0; kk < Config::kBlockK / 32; ++kk) Mma::mma(a[kk], desc_b.plus(32 * kk).value(), d, kk > 0);
+  ptx::wgmma_commit();
+}
+
 // Runs step(stage, phase, kb) for K blocks k_blocks.begin..end-1 over the ring. When the ring is at
 // stage 0 and the range fills whole ring passes (DeepSeek-V3's shapes), the stages are unrolled: every stage
 // index is then a constant, so shared-memory addresses and wgmma descriptors fold to constants
@@ -306,6 +351,78 @@ __host__ __device__ __forceinline__ void for_each_k_block(RingPosition<kStages>&
   }
 }
 
+// weights_on_m, fp8_fp4 (A from registers): K block kb + 1's weights are expanded while kb's
+// wgmmas run, so that the expansion's latency (shared loads, table lookups, PRMTs: eight math warps,
+// two per scheduler, hide little of it) overlaps the tensor cores and the promotion instead of
+// adding to each K block's time. Two register buffers of A fragments, each 2 m64 blocks x 4 K steps;
+// the stage of kb is released once its wgmmas have completed and it has been promoted.
+template <class Config, uint32_t kWidth>
+__device__ void consume_weights_on_m_packed(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
+                                            const Tile& tile, KRange k_blocks, const MainloopArgs& args,
+                                            uint32_t warpgroup, uint32_t lane, float (&tile_acc)[2][Config::kAccRegs]) {
+  using Mma = typename Config::Policy::template Mma<kWidth>;
+  constexpr uint32_t kRegs = kWidth / 2;
+  const uint32_t first_row_block = (tile.group * args.n_out + tile.m_tile * Config::kBlockM) / 64 + 2 * warpgroup;
+  const uint32_t group_row_blocks_end = (tile.group + 1) * args.n_out / 64;
+  const uint32_t first_row = 128 * warpgroup + 16 * (threadIdx.x / 32 % 4) + lane / 4;
+  const PipelineWatch& watch = args.watch;
+  uint32_t a[2][2][Config::kBlockK / 32][4];  // [buffer][m64 block][K step][register]
+  float partial[2][kRegs];
+  const auto expand = [&](uint32_t (&into)[2][Config::kBlockK / 32][4]) {
+    wait_barrier<Config>(smem.full(ring.stage), ring.phase, watch, ring.stage);
+#pragma unroll
+    for (uint32_t j = 0; j < 2; ++j) expand_a_fragments(smem, ring.stage, first_row + 64 * j, lane, into[j]);
+  };
+  // The two weight-block scales of each K block are loaded two K blocks ahead, from lines prefetched
+  // into L2 when the unit starts: a K block takes about half a microsecond here, and a scale read
+  // from HBM on the way to the promotion (one per 8 K blocks) cost as much.
+  if (lane < 8) {
+#pragma unroll
+    for (uint32_t j = 0; j < 2; ++j) {
+      if (first_row_block + j >= group_row_blocks_end) continue;
+      for (uint32_t kb = k_blocks.begin + 8 * lane; kb < k_blocks.end; kb += 64)
+        ptx::prefetch_l2(args.weight_scales + (first_row_block + j) * args.k_blocks + kb);
+    }
+  }
+  float scales[2][2];  // [K block parity][m64 block]
+  const auto load_scales = [&](float (&into)[2], uint32_t kb) {
+    if (kb >= k_blocks.end) return;
+#pragma unroll
+    for (uint32_t j = 0; j < 2; ++j) into[j] = weight_scale(args, first_row_block + j, group_row_blocks_end, kb);
+  };
+  load_scales(scales[0], k_blocks.begin);
+  load_scales(scales[1], k_blocks.begin + 1);
+  const auto step = [&](uint32_t (&current)[2][Config::kBlockK / 32][4], uint32_t (&next)[2][Config::kBlockK / 32][4],
+                        float (&row_scales)[2], uint32_t kb) {
+    const uint32_t stage = ring.stage;
+#pragma unroll
+    for (uint32_t j = 0; j < 2; ++j)
+      issue_k_block_a_registers<Config, Mma>(current[j], smem.tokens_desc(stage), partial[j]);
+    ring.advance();
+    if (kb + 1 < k_blocks.end) expand(next);
+    ptx::wgmma_wait<0>();
+    ptx::fence_registers(reinterpret_cast<uint32_t(&)[2 * 4 * Config::kBlockK / 32]>(current));
+    const float* act_scales = smem.act_scales(stage) + (tile.row_begin & (Config::kScaleAlignRows - 1));
+#pragma unroll
+    for (uint32_t j = 0; j < 2; ++j) {
+      ptx::fence_registers(partial[j]);
+#pragma unroll
+      for (uint32_t i = 0; i < kRegs; i += 2) {
+        const float* scales = act_scales + 8 * (i / 4) + 2 * (lane % 4);
+        tile_acc[j][i] += partial[j][i] * (row_scales[j] * scales[0]);
+        tile_acc[j][i + 1] += partial[j][i + 1] * (row_scales[j] * scales[1]);
+      }
+    }
+    release_stage_at(smem, stage, lane);
+    load_scales(row_scales, kb + 2);
+  };
+  expand(a[0]);
+  for (uint32_t kb = k_blocks.begin; kb < k_blocks.end; kb += 2) {
+    step(a[0], a[1], scales[0], kb);
+    if (kb + 1 < k_blocks.end) step(a[1], a[0], scales[1], kb + 1);
+  }
+}
+
 // weights_on_m with wgmmas kWidth tokens wide (<= BLOCK_N): acc[j][0, kWidth / 2) is m64 block j of
 // this warpgroup's 128 weight rows x the tile's first kWidth tokens; the rest of acc stays as it is
 // (zero: the tile has no more tokens).
@@ -316,6 +433,9 @@ __device__ void consume_weights_on_m_width(const SharedStorage<Config>& smem, Ri
   using Policy = typename Config::Policy;
   using Mma = typename Policy::template Mma<kWidth>;
   constexpr uint32_t kRegs = kWidth / 2;
+  if constexpr (Config::kExpandInRegisters) {
+    return consume_weights_on_m_packed<Config, kWidth>(smem, ring, tile, k_blocks, args, warpgroup, lane, tile_acc);
+  }
   // Block j's first kRegs registers: the accumulator of a kWidth-wide wgmma.
   const auto narrow = [&](uint32_t j) -> float(&)[kRegs] { return reinterpret_cast<float(&)[kRegs]>(tile_acc[j]); };
   constexpr uint32_t kM64Bytes = 64 * Config::kRowBytes;
@@ -353,23 +473,16 @@ __device__ void consume_weights_on_m_width(const SharedStorage<Config>& smem, Ri
           tile_acc[j][i + 1] += partial[j][i + 1] * (row_scales[j] * scales[1]);
         }
       };
-      // fp8: both m64 blocks' wgmmas in flight, block 0 promoted while block 1's run. fp8_fp4 (216
-      // math registers) runs its blocks one after the other, which measured faster for it.
+      // Both m64 blocks' wgmmas in flight, block 0 promoted while block 1's run.
 #pragma unroll
       for (uint32_t j = 0; j < 2; ++j) {
         const ptx::SmemDescSw128 desc_weights = smem.weights_desc(stage).plus((2 * warpgroup + j) * kM64Bytes);
         issue_k_block<Config, Mma>(desc_weights, desc_tokens, partial[j], false);
-        if constexpr (Config::kPacked) {
-          ptx::wgmma_wait<0>();
-          promote(j);
-        }
       }
-      if constexpr (!Config::kPacked) {
-        ptx::wgmma_wait<1>();
-        promote(0);
-        ptx::wgmma_wait<0>();
-        promote(1);
-      }
+      ptx::wgmma_wait<1>();
+      promote(0);
+      ptx::wgmma_wait<0>();
+      promote(1);
     } else {
 #pragma unroll
       for (uint32_t j = 0; j < 2; ++j) {

@@ -3,8 +3,9 @@
 // Stage s holds a 256-row weight tile, a BLOCK_N-row token tile and, for scaled recipes, the token
 // tile's activation scales for that K block. full[s] completes when TMA has landed all three;
 // empty[s] completes when all math warps are done reading them. With packed (fp8_fp4) weights, TMA
-// lands the E2M1 tile in a raw area (raw_full[s]) and converter warps write the E4M3 weight tile
-// before arriving on full[s].
+// lands the E2M1 tile in a raw area: in prefill tiles (raw_full[s]) converter warps write the E4M3
+// weight tile before arriving on full[s]; decode tiles have no E4M3 tile, their math warps expand the
+// raw one into wgmma's A registers.
 #pragma once
 
 #include <cuda/ptx>
@@ -53,20 +54,23 @@ struct GemmConfig {
   static constexpr uint32_t kBlockK = Policy::kBlockK;
   static constexpr uint32_t kRowBytes = 128;      // K bytes per shared-memory row (128-byte swizzle)
   static constexpr uint32_t kMathWarpgroups = 2;
-  // Packed (fp8_fp4) weights are expanded to E4M3 in shared memory by converter warps: converter
-  // warpgroups after the math ones, and the producer warpgroup's idle warps (see kConverterWarps).
-  // Decode tiles, whose math needs few registers and whose time is the expansion's, take two
-  // converter warpgroups (176 math registers); prefill tiles one, since its promotion needs 216.
-  // (Math warpgroups expanding their own rows would serialize each stage.)
-  static constexpr uint32_t kConverterWarpgroups =
-      !Policy::kPackedWeights ? 0 : kLayout == TileLayout::weights_on_m ? 2 : 1;
+  // Packed (fp8_fp4) weights. Decode tiles (weights on wgmma's A) expand them in the math warps'
+  // registers: a decode tile reads each weight once, and the round trip through an E4M3 tile in
+  // shared memory (written by converter warps, read by the wgmmas) took three times the packed
+  // bytes' shared-memory traffic. Prefill tiles need B from shared memory: converter warps (one
+  // warpgroup after the math ones, and the producer warpgroup's idle warps: kConverterWarps) expand
+  // each stage there; one warpgroup leaves the math 216 registers, which the promotion needs.
+  static constexpr bool kPacked = Policy::kPackedWeights;
+  static constexpr bool kExpandInRegisters = kPacked && kLayout == TileLayout::weights_on_m;
+  static constexpr bool kConverters = kPacked && !kExpandInRegisters;
+  static constexpr uint32_t kConverterWarpgroups = kConverters ? 1 : 0;
   static constexpr uint32_t kThreads = 128 * (1 + kMathWarpgroups + kConverterWarpgroups);
   static constexpr uint32_t kMathThreads = 128 * kMathWarpgroups;
   // FP32 accumulators per thread in each of its two accumulator blocks (m64 x n kBlockN, or m64 x n128).
   static constexpr uint32_t kAccRegs = kLayout == TileLayout::weights_on_m ? kBlockN / 2 : 64;
   static_assert(kLayout == TileLayout::weights_on_m || kBlockN == 128, "tokens_on_m tiles hold 128 tokens");
 
-  static constexpr uint32_t kWeightBytes = kBlockM * kRowBytes;
+  static constexpr uint32_t kWeightBytes = kExpandInRegisters ? 0 : kBlockM * kRowBytes;  // the E4M3 (BF16) tile
   static constexpr uint32_t kTokenBytes = kBlockN * kRowBytes;
   // TMA needs the inner start coordinate 16-byte aligned, and a token tile starts at any pool row:
   // load the scales from the row rounded down to a multiple of 4, and 4 more.
@@ -74,22 +78,23 @@ struct GemmConfig {
   static constexpr uint32_t kScaleBoxRows = kBlockN + kScaleAlignRows;
   static constexpr uint32_t kScaleBytes = Policy::kScaled ? kScaleBoxRows * 4 : 0;
   static constexpr uint32_t kScaleStride = (kScaleBytes + 127) / 128 * 128;
-  // Packed (fp8_fp4) weights land in a raw area of the stage: E2M1 pairs and each group of 32's
-  // shift (e2m1.cuh), which converter warps expand into the E4M3 weight tile.
-  static constexpr bool kPacked = Policy::kPackedWeights;
+  // Packed (fp8_fp4) weights land in a raw area of the stage: E2M1 pairs (rows of 64 bytes, TMA's
+  // 64-byte swizzle: 16-byte chunk g of row r at g ^ (r / 2) % 4, so that a quad's reads of one row
+  // and the converters' of whole groups are free of bank conflicts) and each group of 32's shift.
   static constexpr uint32_t kRawWeightBytes = kPacked ? kBlockM * kBlockK / 2 : 0;
   static constexpr uint32_t kShiftBytes = kPacked ? kBlockM * (kBlockK / 32) : 0;
   static constexpr uint32_t kRawStride = kRawWeightBytes + kShiftBytes;
-  // Expanding a stage takes about 50 instructions per group of 32 weights: 7 or 11 warps share it.
-  static constexpr uint32_t kConverterWarps = kPacked ? (kDispatchWarps ? 0 : 3) + 4 * kConverterWarpgroups : 0;
+  // Expanding a stage takes about 50 instructions per group of 32 weights: 7 warps share it.
+  static constexpr uint32_t kConverterWarps = kConverters ? (kDispatchWarps ? 0 : 3) + 4 * kConverterWarpgroups : 0;
   static constexpr uint32_t kTableBytes = kPacked ? (kMaxE2M1Shift + 1) * sizeof(uint2) : 0;  // e2m1_table per shift
-  // full[s] completes on TMA's bytes and the producer's arrival, plus each converter warp's.
+  // full[s] completes on TMA's bytes and the producer's arrival, plus each converter warp's. (Decode
+  // tiles' raw bytes complete full[s] too; the producer adds them, since a last tile's shifts are fewer.)
   static constexpr uint32_t kStageTxBytes = (kPacked ? 0 : kWeightBytes) + kTokenBytes + kScaleBytes;
   static constexpr uint32_t kFullArrivals = 1 + kConverterWarps;
   // A pipeline wait's poll may suspend the warp this long (it resumes once the phase completes).
   // fp8_fp4's converter warps compete for issue slots with the waiting warps' polls; the other
   // configs keep the hardware's default, which measured no worse for them.
-  static constexpr uint32_t kWaitSuspendNs = kPacked ? 20000 : 0;
+  static constexpr uint32_t kWaitSuspendNs = kConverters ? 20000 : 0;
 
   // Epilogue staging: one row per token, padded by 16 bytes so the transposing stores spread over banks.
   // weights_on_m stages whole rows (128 output channels of L1, 256 features of L2). tokens_on_m
@@ -120,7 +125,7 @@ struct GemmConfig {
                                           kSchedulerBytes + kFlagBytes + kUnitSlotBytes + kStagedTileBytes +
                                           kTableBytes + 4 * kMaxStages * 16 /* barriers */;
   static constexpr uint32_t kStageBytes = kWeightBytes + kTokenBytes + kScaleStride + kRawStride;
-  static constexpr uint32_t kStagesFit = (kSmemLimit - kFixedBytes) / kStageBytes;
+  static constexpr uint32_t kStagesFit = (kSmemLimit - kFixedBytes - (kPacked ? 1024 : 0)) / kStageBytes;
   static constexpr uint32_t kStages = kStagesFit > kMaxStages ? kMaxStages : kStagesFit;
   static_assert(kStages >= 2, "tile does not fit shared memory with two stages");
 
@@ -128,7 +133,7 @@ struct GemmConfig {
   static constexpr uint32_t kWeightOffset = 0;
   static constexpr uint32_t kTokenOffset = kWeightOffset + kStages * kWeightBytes;
   static constexpr uint32_t kScaleOffset = kTokenOffset + kStages * kTokenBytes;
-  static constexpr uint32_t kRawOffset = kScaleOffset + kStages * kScaleStride;
+  static constexpr uint32_t kRawOffset = (kScaleOffset + kStages * kScaleStride + 1023) / 1024 * 1024;
   static constexpr uint32_t kFullOffset = kRawOffset + kStages * kRawStride;
   static constexpr uint32_t kEmptyOffset = kFullOffset + kStages * 8;
   static constexpr uint32_t kRawFullOffset = kEmptyOffset + kStages * 8;
@@ -143,6 +148,7 @@ struct GemmConfig {
   static constexpr uint32_t kSmemBytes = kStagingOffset + kStagingBytes + 1024;
   static_assert(kSmemBytes <= kSmemLimit, "shared memory budget exceeded");
   static_assert(kTokenBytes % 1024 == 0, "token tiles must be whole 8-row swizzle atoms");
+  static_assert(kRawStride % 1024 == 0, "raw weight tiles must start where the 64-byte swizzle's pattern does");
 };
 
 // Store warps: the tile whose rows a math warpgroup has staged, or job kNoStagedTile once it has no more.

@@ -1,4 +1,4 @@
-// Hopper warpgroup MMA (wgmma), register reallocation (setmaxnreg), stmatrix and a non-aligned CTA
+// Hopper warpgroup MMA (wgmma), register reallocation (setmaxnreg), stmatrix, an L2 prefetch and a non-aligned CTA
 // barrier: the PTX that CCCL does not wrap. Everything else (TMA, mbarriers, fences) comes from cuda::ptx.
 //
 // Operands are K-major tiles in shared memory written by TMA with 128-byte swizzling: rows of 128
@@ -44,6 +44,15 @@ MEGAMOE_DEVICE void fence_registers(float (&registers)[kCount]) {
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(registers[i])::"memory");
 }
 
+template <int kCount>
+MEGAMOE_DEVICE void fence_registers(uint32_t (&registers)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+r"(registers[i])::"memory");
+}
+
+// Brings a global line into L2 without waiting for it.
+MEGAMOE_DEVICE void prefetch_l2(const void* address) { asm volatile("prefetch.global.L2 [%0];" ::"l"(address)); }
+
 // Barrier 0 of the whole CTA, reached from different code by different warps (the fused kernel's
 // roles each end in their own copy of the same steps): the non-aligned barrier.sync. __syncthreads
 // (bar.sync, aligned) requires every thread of the CTA to execute the same instruction.
@@ -74,6 +83,10 @@ MEGAMOE_DEVICE void stmatrix_x4(uint32_t address, uint32_t m0, uint32_t m1, uint
 // holds row 16w + l/4 + 8*(j/2), column 8i + 2*(l%4) + j%2.
 template <int N>
 struct WgmmaFp8;  // K = 32 E4M3 values per instruction
+// A from registers, E4M3: thread t of the warpgroup (warp w = t / 32, lane l) holds
+// rows 16w + l/4 (registers 0 and 2) and 8 further (1 and 3), K columns 4 (l % 4) .. + 3 (registers
+// 0 and 1) and 16 further (2 and 3), column order within each register's four bytes. The registers
+// are read asynchronously: keep them unchanged until the wgmma's group has been waited for.
 template <int N>
 struct WgmmaBf16;  // K = 16 BF16 values per instruction
 
@@ -88,6 +101,16 @@ struct WgmmaFp8<16> {
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
         : "l"(desc_a), "l"(desc_b), "r"(static_cast<uint32_t>(accumulate)));
   }
+  // A from registers (four per thread, the layout above WgmmaFp8).
+  MEGAMOE_DEVICE static void mma(const uint32_t (&a)[4], uint64_t desc_b, float (&d)[8], bool accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7"
+        "}, {%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<uint32_t>(accumulate)));
+  }
 };
 
 template <>
@@ -101,6 +124,16 @@ struct WgmmaFp8<32> {
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
         : "l"(desc_a), "l"(desc_b), "r"(static_cast<uint32_t>(accumulate)));
+  }
+  // A from registers (four per thread, the layout above WgmmaFp8).
+  MEGAMOE_DEVICE static void mma(const uint32_t (&a)[4], uint64_t desc_b, float (&d)[16], bool accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+        "}, {%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<uint32_t>(accumulate)));
   }
 };
 
@@ -118,6 +151,16 @@ struct WgmmaFp8<64> {
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "l"(desc_a), "l"(desc_b), "r"(static_cast<uint32_t>(accumulate)));
+  }
+  // A from registers (four per thread, the layout above WgmmaFp8).
+  MEGAMOE_DEVICE static void mma(const uint32_t (&a)[4], uint64_t desc_b, float (&d)[32], bool accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<uint32_t>(accumulate)));
   }
 };
 
