@@ -1,4 +1,4 @@
-// Five hand-overs of shared memory, each as the layer's kernels do it, each checking what it read:
+// Six hand-overs of shared memory, each as the layer's kernels do it, each checking what it read:
 //   named_barrier: a writer warp stages words and arrives (bar.arrive), a reader warp syncs on the
 //                  same named barrier and reads them; a second barrier hands the buffer back
 //                  (the L2 epilogue's store warps, epilogue.cuh);
@@ -12,7 +12,10 @@
 //                  the block outside the named barrier, as the fused kernel's other roles are;
 //   bulk_copy:     one thread's cp.async.bulk fills shared memory and completes an mbarrier's
 //                  transaction count; two warps wait for the phase and read it (the converters'
-//                  read of TMA-loaded weights, mainloop.cuh: expand_weight_tile).
+//                  read of TMA-loaded weights, mainloop.cuh: expand_weight_tile);
+//   bulk_copy_hint: as bulk_copy, the readers waiting with a suspend-time hint as fp8_fp4's
+//                  converters do (GemmConfig::kWaitSuspendNs): racecheck reported their reads of
+//                  the bulk-copied shifts at a162dea, and not the decode math warps' (no hint).
 // Each runs in one block of three warps (the third idle, as the layer's kernels have roles outside
 // each barrier). Usage: compute-sanitizer --tool racecheck megamoe_sanitizer_probe
 #include <cuda/ptx>
@@ -44,8 +47,11 @@ __global__ void named_barrier(uint32_t* out) {
   if (warp == 0) asm volatile("bar.sync 2, 64;" ::: "memory");
 }
 
+template <bool kSuspendHint = false>
 __device__ void wait_phase(uint64_t* barrier, uint32_t parity) {
-  while (!cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) {
+  const uint32_t suspend_ns = 20000;
+  while (!(kSuspendHint ? cuda::ptx::mbarrier_try_wait_parity(barrier, parity, suspend_ns)
+                        : cuda::ptx::mbarrier_try_wait_parity(barrier, parity))) {
   }
 }
 
@@ -89,6 +95,7 @@ __global__ void group_flag(uint32_t* out) {
   }
 }
 
+template <bool kSuspendHint>
 __global__ void bulk_copy(uint32_t* out) {
   __shared__ __align__(128) uint32_t landed[128];
   __shared__ uint64_t full;
@@ -108,7 +115,7 @@ __global__ void bulk_copy(uint32_t* out) {
     cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, landed, out, 512u, &full);
   }
   if (reader) {
-    wait_phase(&full, 0);
+    wait_phase<kSuspendHint>(&full, 0);
     for (uint32_t i = threadIdx.x; i < 128; i += 64) out[128 + i] = landed[i];
   }
 }
@@ -134,6 +141,7 @@ int main() {
   ok = check("mbarrier_slot", mbarrier_slot<false>, kRounds, [](uint32_t i) { return 100 + i; }) && ok;
   ok = check("mbarrier_warp", mbarrier_slot<true>, kRounds, [](uint32_t i) { return 100 + i; }) && ok;
   ok = check("group_flag", group_flag, kRounds, [](uint32_t i) { return 200 + i; }) && ok;
-  ok = check("bulk_copy", bulk_copy, 256, [](uint32_t i) { return 400 + i % 128; }) && ok;
+  ok = check("bulk_copy", bulk_copy<false>, 256, [](uint32_t i) { return 400 + i % 128; }) && ok;
+  ok = check("bulk_copy_hint", bulk_copy<true>, 256, [](uint32_t i) { return 400 + i % 128; }) && ok;
   return ok ? 0 : 1;
 }
