@@ -632,12 +632,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     if (warp == 0) produce_fused(s, lane);
     else dispatch_fused(s, thread - 32, lane);
     finish_cta(s, thread);
-  } else if (Config::kConverters && warpgroup > Config::kMathWarpgroups) {
-    if constexpr (Config::kConverters) {
-      ptx::setmaxnreg_decrease<gemm::kProducerRegisters>();
-      convert_fused(s, 128 * (warpgroup - 1 - Config::kMathWarpgroups) + thread % 128, lane);
-      finish_cta(s, thread);
-    }
+  } else if (warpgroup > Config::kMathWarpgroups) {  // converters; none without them (kThreads)
+    ptx::setmaxnreg_decrease<gemm::kProducerRegisters>();
+    convert_fused(s, 128 * (warpgroup - 1 - Config::kMathWarpgroups) + thread % 128, lane);
+    finish_cta(s, thread);
   } else {
     ptx::setmaxnreg_increase<gemm::kMathRegisters<Config>>();
     const uint32_t math_warpgroup = __shfl_sync(0xFFFFFFFFu, warpgroup - 1, 0);
