@@ -17,8 +17,9 @@ namespace megamoe::gemm {
 // setmaxnreg moves registers only within the CTA's allocation at launch: the launch bounds'
 // per-thread count (64K / threads, rounded down to a multiple of 8) times the threads, 168 x 384
 // and 128 x 512 here. The producer warpgroup and each converter warpgroup keep 40, the math
-// warpgroups share the rest in multiples of 8: 232, or 216 beside a converter warpgroup. Asking for more than the allocation holds would leave the math warps waiting in
-// setmaxnreg forever, where no pipeline timeout sees them: kRegistersFit is checked at compile time.
+// warpgroups share the rest in multiples of 8: 232, or 216 beside a converter warpgroup. Asking for
+// more than the allocation holds would leave the math warps waiting in setmaxnreg forever, where no
+// pipeline timeout sees them: kRegistersFit is checked at compile time.
 inline constexpr int kProducerRegisters = 40;
 template <class Config>
 inline constexpr int kLaunchRegisters = 65536 / static_cast<int>(Config::kThreads) / 8 * 8;

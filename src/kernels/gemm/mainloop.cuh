@@ -6,6 +6,7 @@
 
 #include <cuda.h>
 #include <cuda/ptx>
+#include <cuda/std/type_traits>
 
 #include <cstdint>
 
@@ -351,6 +352,25 @@ __host__ __device__ __forceinline__ void for_each_k_block(RingPosition<kStages>&
   }
 }
 
+// weights_on_m, scaled recipes: adds one m64 block's K-block partial sums to its FP32 result, times
+// the block's weight scale and each token's activation scale (partial register i holds token
+// 8 (i / 4) + 2 (lane % 4) + i % 2). kReread: the activation scales are re-read per use (volatile),
+// as fp8's tiles need: kept live across both m64 blocks they would cost BLOCK_N / 4 registers and
+// make the widest tile spill. fp8_fp4's decode loop reads them once for both blocks, as measured
+// at a162dea.
+template <bool kReread, uint32_t kRegs, uint32_t kAccRegs>
+__device__ __forceinline__ void promote_weights_on_m(float (&acc)[kAccRegs], float (&partial)[kRegs], float row_scale,
+                                                     const float* act_scales, uint32_t lane) {
+  using Scale = cuda::std::conditional_t<kReread, const volatile float, const float>;
+  ptx::fence_registers(partial);
+#pragma unroll
+  for (uint32_t i = 0; i < kRegs; i += 2) {
+    Scale* scales = act_scales + 8 * (i / 4) + 2 * (lane % 4);
+    acc[i] += partial[i] * (row_scale * scales[0]);
+    acc[i + 1] += partial[i + 1] * (row_scale * scales[1]);
+  }
+}
+
 // weights_on_m, fp8_fp4 (A from registers): K block kb + 1's weights are expanded while kb's
 // wgmmas run, so that the expansion's latency (shared loads, table lookups, PRMTs: eight math warps,
 // two per scheduler, hide little of it) overlaps the tensor cores and the promotion instead of
@@ -404,15 +424,7 @@ __device__ void consume_weights_on_m_packed(const SharedStorage<Config>& smem, R
     ptx::fence_registers(reinterpret_cast<uint32_t(&)[2 * 4 * Config::kBlockK / 32]>(current));
     const float* act_scales = smem.act_scales(stage) + (tile.row_begin & (Config::kScaleAlignRows - 1));
 #pragma unroll
-    for (uint32_t j = 0; j < 2; ++j) {
-      ptx::fence_registers(partial[j]);
-#pragma unroll
-      for (uint32_t i = 0; i < kRegs; i += 2) {
-        const float* scales = act_scales + 8 * (i / 4) + 2 * (lane % 4);
-        tile_acc[j][i] += partial[j][i] * (row_scales[j] * scales[0]);
-        tile_acc[j][i + 1] += partial[j][i + 1] * (row_scales[j] * scales[1]);
-      }
-    }
+    for (uint32_t j = 0; j < 2; ++j) promote_weights_on_m<false>(tile_acc[j], partial[j], row_scales[j], act_scales, lane);
     release_stage_at(smem, stage, lane);
     load_scales(row_scales, kb + 2);
   };
@@ -463,15 +475,7 @@ __device__ void consume_weights_on_m_width(const SharedStorage<Config>& smem, Ri
       const float* act_scales = smem.act_scales(stage) + (tile.row_begin & (Config::kScaleAlignRows - 1));
       float partial[2][kRegs];
       const auto promote = [&](uint32_t j) {
-        ptx::fence_registers(partial[j]);
-        // Activation scales are re-read per use (volatile): kept live across both m64 blocks they
-        // would cost BLOCK_N / 4 registers and make the widest tile spill.
-#pragma unroll
-        for (uint32_t i = 0; i < kRegs; i += 2) {
-          const volatile float* scales = act_scales + 8 * (i / 4) + 2 * (lane % 4);
-          tile_acc[j][i] += partial[j][i] * (row_scales[j] * scales[0]);
-          tile_acc[j][i + 1] += partial[j][i + 1] * (row_scales[j] * scales[1]);
-        }
+        promote_weights_on_m<true>(tile_acc[j], partial[j], row_scales[j], act_scales, lane);
       };
       // Both m64 blocks' wgmmas in flight, block 0 promoted while block 1's run.
 #pragma unroll
