@@ -18,8 +18,8 @@ TEST(FusedUnits, ClassifyWalksTheKindsInClaimOrder) {
   plan.combine_units = 2;
   const RoutedUnits routed{5, 6};
   const std::vector<UnitKind> kinds = {UnitKind::send, UnitKind::pull, UnitKind::shared_l1, UnitKind::routed_l1,
-                                       UnitKind::routed_l2, UnitKind::shared_l2, UnitKind::combine};
-  const std::vector<uint32_t> counts = {3, 4, 2, 5, 6, 1, 2};
+                                       UnitKind::shared_l2, UnitKind::routed_l2, UnitKind::combine};
+  const std::vector<uint32_t> counts = {3, 4, 2, 5, 1, 6, 2};
   uint32_t unit = 0;
   for (size_t k = 0; k < kinds.size(); ++k) {
     for (uint32_t i = 0; i < counts[k]; ++i, ++unit) {
@@ -40,11 +40,13 @@ TEST(FusedUnits, EmptyKindsAreSkipped) {
   EXPECT_EQ(classify(plan, none, 0).kind, UnitKind::send);
   EXPECT_EQ(classify(plan, none, 1).kind, UnitKind::pull);
   EXPECT_EQ(classify(plan, none, 2).kind, UnitKind::none);
-  // Routed units sit between the pulls and the shared L2 tiles.
+  // The shared L2 tiles sit between the pulls and the routed L2 tiles when there are no L1 units.
   plan.shared_l2_units = 2;
-  const UnitRef after = classify(plan, RoutedUnits{0, 3}, 2);
+  EXPECT_EQ(classify(plan, RoutedUnits{0, 3}, 2).kind, UnitKind::shared_l2);
+  const UnitRef after = classify(plan, RoutedUnits{0, 3}, 4);
   EXPECT_EQ(after.kind, UnitKind::routed_l2);
-  EXPECT_EQ(classify(plan, RoutedUnits{0, 3}, 5).kind, UnitKind::shared_l2);
+  EXPECT_EQ(after.index, 0u);
+  EXPECT_EQ(classify(plan, RoutedUnits{0, 3}, 7).kind, UnitKind::none);
 }
 
 TEST(FusedUnits, TokenAndRowRangesCoverEverythingOnce) {
@@ -97,6 +99,51 @@ TEST(FusedUnits, PlanSizesUnitsFromTheCall) {
   EXPECT_EQ(none.pull_units, 1u);
   EXPECT_EQ(none.combine_units, 0u);
   EXPECT_EQ(none.shared_l1_units, 0u);
+}
+
+TEST(FusedUnits, RoutedTailSplitsInItsLinearsLastWave) {
+  // DeepSeek-V3 at one token on one GPU: 16 shared and 128 routed L1 tiles (56 K blocks), 28 shared and
+  // 224 routed L2 tiles (16 K blocks), 132 CTAs, 132 partial slots.
+  const RoutedSplits one = plan_routed_splits(16, 128, 56, 28, 224, 16, 132, 132);
+  EXPECT_EQ(one.l1.whole_tiles, 116u);  // 144 tiles: the last 12 split
+  EXPECT_EQ(one.l1.splits, 8u);         // 132 / 12, at most kMaxSplits
+  EXPECT_EQ(gemm::split_units(128, one.l1), 116u + 96u);
+  EXPECT_EQ(one.l2_split_base, 12u);
+  EXPECT_EQ(one.l2_slot_base, 96u);
+  EXPECT_EQ(one.l2.splits, 1u);  // 252 tiles: a last wave of 120 keeps most of the grid busy
+  EXPECT_EQ(one.l2.whole_tiles, 224u);
+  // A tail longer than the routed tiles splits only the routed ones.
+  const gemm::SplitPlan routed_only = plan_routed_tail(60, 4, 132, 56, 132);
+  EXPECT_EQ(routed_only.whole_tiles, 0u);
+  EXPECT_EQ(routed_only.splits, 2u);  // 132 / 64
+  // No capacity, no split; a full last wave, no split.
+  EXPECT_EQ(plan_routed_splits(16, 128, 56, 28, 224, 16, 132, 0).l1.splits, 1u);
+  EXPECT_EQ(plan_routed_tail(4, 128, 132, 56, 132).splits, 1u);
+  // L2 splits with what L1 left of the capacity: 20 L1 tiles take 6 x 20 = 120 slots, 12 remain.
+  const RoutedSplits both = plan_routed_splits(0, 20, 56, 0, 6, 16, 132, 132);
+  EXPECT_EQ(both.l1.splits, 6u);
+  EXPECT_EQ(both.l2_slot_base, 120u);
+  EXPECT_EQ(both.l2.splits, 2u);  // 12 slots / 6 tiles
+  EXPECT_LE(both.l2_slot_base + (6 - both.l2.whole_tiles) * both.l2.splits, 132u);
+}
+
+TEST(FusedUnits, SplitUnitsCoverEachTileAndItsKRangeOnce) {
+  for (const gemm::SplitPlan plan : {gemm::SplitPlan{5, 1}, gemm::SplitPlan{3, 4}, gemm::SplitPlan{0, 8}}) {
+    const uint32_t tiles = 5, k_blocks = 56;
+    std::vector<uint32_t> covered(tiles * k_blocks, 0);
+    uint32_t last_tile = 0;
+    for (uint32_t u = 0; u < gemm::split_units(tiles, plan); ++u) {
+      const gemm::SplitUnit part = gemm::split_unit(u, plan);
+      ASSERT_LT(part.tile, tiles);
+      ASSERT_GE(part.tile, last_tile);  // tiles in order, so the walkers' group cursors only move on
+      last_tile = part.tile;
+      EXPECT_EQ(part.splits, part.tile < plan.whole_tiles ? 1u : plan.splits);
+      if (part.splits > 1) EXPECT_EQ(part.split_tile, part.tile - plan.whole_tiles);
+      const gemm::KRange range = gemm::split_k_range(k_blocks, part.split, part.splits);
+      for (uint32_t kb = range.begin; kb < range.end; ++kb) ++covered[part.tile * k_blocks + kb];
+    }
+    for (uint32_t i = 0; i < covered.size(); ++i) ASSERT_EQ(covered[i], 1u) << "tile " << i / k_blocks;
+  }
 }
 
 }  // namespace

@@ -27,6 +27,7 @@ void launch_config(const FusedLaunch& l, int grid, cudaStream_t stream) {
   params.staged = l.staged;
   params.combine = l.combine;
   params.plan = l.plan;
+  params.split = gemm::split_args<Config>(l.l1[0].operands.split_workspace);
   params.trace = l.trace;
   gemm::configure_once_per_device<fused_layer_kernel<Config>>(Config::kSmemBytes, "fused layer kernel");
   gemm::check_launch(launch_kernel(fused_layer_kernel<Config>, grid, Config::kThreads, Config::kSmemBytes, stream,

@@ -38,6 +38,7 @@ struct FusedParams {
   dispatch::StagedInputs staged;
   combine::CombineArgs combine;
   UnitPlan plan;
+  gemm::SplitArgs split;   // decode tiles' split K workspace (no capacity: every tile whole)
   FusedTraceEvent* trace;  // null: no event log
 };
 
@@ -75,7 +76,8 @@ struct FusedTables {
   static constexpr uint32_t kMathFlag = kDispatchFlag + 1;
   static constexpr uint32_t kLastFlag = kMathFlag + 1;
   static constexpr uint32_t kTraceCounts = kLastFlag + 1;  // [kTraceRoles]: events logged per role
-  static constexpr uint32_t kWords = kTraceCounts + 3;
+  static constexpr uint32_t kSplits = kTraceCounts + 3;     // RoutedSplits
+  static constexpr uint32_t kWords = kSplits + 6;
 };
 
 // Where the math warps count their tiles done, in shared memory: computed from the parameters inside
@@ -88,13 +90,19 @@ struct SignalTargets {
   uint32_t l2_tiles;  // the L2 tile arrivals (two warpgroups per tile) that complete this rank's L2
 };
 static_assert(sizeof(SignalTargets) <= 8 * 4, "the signal targets' words");
+static_assert(sizeof(RoutedSplits) <= 6 * 4, "the split plans' words");
 
-// A GEMM unit's tile and linear, written by the producer beside the unit slot of the unit's first
-// stage: the math and converter warps read them there instead of deriving them from the unit index,
-// whose walk (classification, group cursors) held registers through the mainloop.
+// A GEMM unit's tile, linear and split, written by the producer beside the unit slot of the unit's
+// first stage: the math and converter warps read them there instead of deriving them from the unit
+// index, whose walk (classification, group cursors) held registers through the mainloop.
 struct UnitTile {
   gemm::Tile tile;
   uint32_t first_linear;
+  uint32_t split;  // split tile << 16 | split << 8 | splits
+  __device__ gemm::WorkUnit work(uint32_t k_blocks) const {
+    const uint32_t splits = split & 0xFFu, index = split >> 8 & 0xFFu;
+    return {tile, split >> 16, index, splits, gemm::split_k_range(k_blocks, index, splits)};
+  }
 };
 static_assert(sizeof(UnitTile) <= 4 * FusedTables::kUnitTileWords, "a unit tile's words");
 
@@ -177,8 +185,12 @@ struct FusedScheduler {
     });
     __syncwarp();
     if (lane == 0) {
+      const uint32_t tiles = routed_token_tiles();
+      *splits() = plan_routed_splits(plan().shared_l1_units, tiles * l1_m_tiles(), params.l1[0].args.k_blocks,
+                                     plan().shared_l2_units, tiles * l2_m_tiles(), params.l2[0].args.k_blocks,
+                                     gridDim.x, params.split.capacity_units);
       *built_flag() = 1;
-      signal_targets()->l2_tiles = 2 * l2_units();
+      signal_targets()->l2_tiles = 2 * l2_tiles();
     }
     __syncwarp();
   }
@@ -187,30 +199,54 @@ struct FusedScheduler {
   __device__ uint32_t routed_token_tiles() const { return token_tile_prefix()[num_groups()]; }
   __device__ uint32_t shared_token_tiles() const { return (shared_rows() + kBlockN - 1) / kBlockN; }
   // Read only once built (units at or past first_routed_unit).
+  __device__ RoutedSplits* splits() const { return reinterpret_cast<RoutedSplits*>(words(FusedTables::kSplits)); }
   __device__ RoutedUnits routed() const {
     const uint32_t tiles = routed_token_tiles();
-    return {tiles * l1_m_tiles(), tiles * l2_m_tiles()};
+    const RoutedSplits& split = *splits();
+    return {gemm::split_units(tiles * l1_m_tiles(), split.l1), gemm::split_units(tiles * l2_m_tiles(), split.l2)};
   }
-  __device__ uint32_t l2_units() const { return routed().l2 + plan().shared_l2_units; }
+  __device__ uint32_t l2_tiles() const { return routed_token_tiles() * l2_m_tiles() + plan().shared_l2_units; }
   __device__ UnitRef classify(uint32_t unit) const {
     return fused::classify(plan(), unit >= first_routed_unit(plan()) ? routed() : RoutedUnits{}, unit);
   }
 
-  // The tile of a GEMM unit; tile.job is 0 for routed experts and 1 for shared ones.
-  __device__ gemm::Tile tile(const UnitRef& unit) {
-    switch (unit.kind) {
+  // A GEMM unit: its tile (tile.job is 0 for routed experts and 1 for shared ones) and, for a routed
+  // tile in its linear's last wave, its split of K. L2's split tiles count after L1's (RoutedSplits).
+  __device__ gemm::WorkUnit work(const UnitRef& unit) {
+    const bool first = is_first_linear(unit.kind);
+    const uint32_t k_blocks = first ? params.l1[0].args.k_blocks : params.l2[0].args.k_blocks;
+    if (unit.kind == UnitKind::shared_l1 || unit.kind == UnitKind::shared_l2)
+      return {tile(unit.kind, unit.index), 0, 0, 1, {0, k_blocks}};
+    const RoutedSplits& split = *splits();
+    const gemm::SplitUnit part = gemm::split_unit(unit.index, first ? split.l1 : split.l2);
+    return {tile(unit.kind, part.tile), part.split_tile + (first ? 0 : split.l2_split_base), part.split, part.splits,
+            gemm::split_k_range(k_blocks, part.split, part.splits)};
+  }
+  // The split workspace of a linear's split tiles: L2's after L1's.
+  __device__ gemm::SplitArgs split_args(bool first_linear) const {
+    gemm::SplitArgs args = params.split;
+    if (!first_linear) {
+      args.partials += uint64_t{splits()->l2_slot_base} * gemm::kSplitUnitBytes<Config> / sizeof(float);
+      args.capacity_units -= splits()->l2_slot_base;
+    }
+    return args;
+  }
+
+  // Tile `index` of a GEMM unit kind.
+  __device__ gemm::Tile tile(UnitKind kind, uint32_t index) {
+    switch (kind) {
       case UnitKind::shared_l1:
-        return gemm::tile_of_group<kBlockN>(1, 0, unit.index, 0, shared_rows(), shared_l1_m_tiles());
+        return gemm::tile_of_group<kBlockN>(1, 0, index, 0, shared_rows(), shared_l1_m_tiles());
       case UnitKind::shared_l2:
-        return gemm::tile_of_group<kBlockN>(1, 0, unit.index, 0, shared_rows(), params.l2[1].args.m_tiles);
+        return gemm::tile_of_group<kBlockN>(1, 0, index, 0, shared_rows(), params.l2[1].args.m_tiles);
       default: {
-        const bool first = unit.kind == UnitKind::routed_l1;
+        const bool first = kind == UnitKind::routed_l1;
         const uint32_t m_tiles = first ? l1_m_tiles() : l2_m_tiles();
         const uint32_t* prefix = token_tile_prefix();
         const uint32_t group =
-            gemm::group_of_tile(prefix, num_groups(), unit.index / m_tiles, first ? l1_cursor : l2_cursor);
+            gemm::group_of_tile(prefix, num_groups(), index / m_tiles, first ? l1_cursor : l2_cursor);
         const uint32_t* begin = group_begin();
-        return gemm::tile_of_group<kBlockN>(0, group, unit.index - prefix[group] * m_tiles, begin[group],
+        return gemm::tile_of_group<kBlockN>(0, group, index - prefix[group] * m_tiles, begin[group],
                                             begin[group + 1] - begin[group], m_tiles);
       }
     }
@@ -317,6 +353,11 @@ __device__ void push_dispatch(const FusedScheduler<Config>& s, gemm::RingPositio
   queue.advance();
 }
 
+// Decode units stream weights: while one waits for its tokens (the pulls, or its L1 tiles), the L2
+// cache takes its first K blocks (8 x 32 KB for a 256-row fp8 tile), which its first stages then
+// load from there. At one token the routed L1 units wait about 10 us for the dispatch.
+inline constexpr uint32_t kWaitPrefetchKBlocks = 8;
+
 // The producer warp: claims units in order and feeds them to the ring and the dispatch queue until it
 // claims one that is neither a GEMM, a send nor a pull.
 template <class Config>
@@ -334,7 +375,7 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
       if (!__shfl_sync(0xFFFFFFFFu, counts_in, 0)) break;
       s.build(lane);
       // A rank without L2 tiles says so now (its arrival orders after its counts': rank_arrive).
-      if (lane == 0 && s.l2_units() == 0) device::rank_arrive(s.view(), s.control(), s.epoch(2));
+      if (lane == 0 && s.l2_tiles() == 0) device::rank_arrive(s.view(), s.control(), s.epoch(2));
     }
     const UnitRef ref = s.classify(unit);
     if (lane == 0) trace_event(s, TraceRole::producer, unit, ref.kind, TraceWhat::claimed);
@@ -348,20 +389,21 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
     }
     bool ok = true;
     if (lane == 0) {
-      const gemm::Tile tile = s.tile(ref);
+      const gemm::WorkUnit work = s.work(ref);
+      const gemm::Tile& tile = work.tile;
+      const bool first_linear = is_first_linear(ref.kind);
+      if constexpr (Config::kLayout == gemm::TileLayout::weights_on_m) {
+        if (first_linear) gemm::prefetch_unit_weights<Config>(params.l1[tile.job], work, kWaitPrefetchKBlocks);
+        else gemm::prefetch_unit_weights<Config>(params.l2[tile.job], work, kWaitPrefetchKBlocks);
+      }
       ok = wait_for_operands(s, ref, tile);
       trace_event(s, TraceRole::producer, unit, ref.kind, TraceWhat::ready);
       // After a timeout the stages are loaded all the same (the record says the results are void),
       // so that the math warps' walk through the ring stays whole and the launch ends.
-      const bool first_linear = is_first_linear(ref.kind);
-      const auto publish_tile = [&](uint32_t stage) { *s.unit_tile(stage) = UnitTile{tile, first_linear}; };
-      if (first_linear) {
-        const gemm::WorkUnit work{tile, 0, 0, 1, {0, params.l1[0].args.k_blocks}};
-        gemm::issue_unit<Config>(s.smem, ring, params.l1[tile.job], work, unit, publish_tile);
-      } else {
-        const gemm::WorkUnit work{tile, 0, 0, 1, {0, params.l2[0].args.k_blocks}};
-        gemm::issue_unit<Config>(s.smem, ring, params.l2[tile.job], work, unit, publish_tile);
-      }
+      const uint32_t split = work.split_tile << 16 | work.split << 8 | work.splits;
+      const auto publish_tile = [&](uint32_t stage) { *s.unit_tile(stage) = UnitTile{tile, first_linear, split}; };
+      if (first_linear) gemm::issue_unit<Config>(s.smem, ring, params.l1[tile.job], work, unit, publish_tile);
+      else gemm::issue_unit<Config>(s.smem, ring, params.l2[tile.job], work, unit, publish_tile);
     }
     if (!__shfl_sync(0xFFFFFFFFu, ok, 0)) break;
   }
@@ -384,9 +426,10 @@ __device__ void convert_fused(FusedScheduler<Config>& s, uint32_t thread, uint32
       if (lane == 0) cuda::ptx::mbarrier_arrive(s.smem.full(ring.stage));  // completes the last stage
       return;
     }
-    const uint32_t k_blocks =
-        s.unit_tile(ring.stage)->first_linear ? s.params.l1[0].args.k_blocks : s.params.l2[0].args.k_blocks;
-    for (uint32_t kb = 0; kb < k_blocks; ++kb) {
+    const UnitTile& unit = *s.unit_tile(ring.stage);
+    const gemm::KRange k_range =
+        unit.work(unit.first_linear ? s.params.l1[0].args.k_blocks : s.params.l2[0].args.k_blocks).k_blocks;
+    for (uint32_t kb = k_range.begin; kb < k_range.end; ++kb) {
       gemm::wait_barrier<Config>(s.smem.raw_full(ring.stage), ring.phase, watch, ring.stage);
       gemm::expand_weight_tile(s.smem, ring.stage, thread);
       cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
@@ -518,7 +561,8 @@ __device__ void math_fused(FusedScheduler<Config>& s, uint32_t math_warpgroup, u
     const uint32_t k_blocks = first_linear ? params.l1[0].args.k_blocks : params.l2[0].args.k_blocks;
     const uint32_t stagger_kb =
         kStaggered && math_warpgroup == 0 && first_gemm ? min(gemm::kStaggerKBlocks, k_blocks - 1) : kNoStagger;
-    const gemm::WorkUnit work{tile, 0, 0, 1, {0, k_blocks}};
+    // Only decode configs split: the others keep the whole K range a constant.
+    const gemm::WorkUnit work = gemm::kSplitsK<Config> ? unit.work(k_blocks) : gemm::WorkUnit{tile, 0, 0, 1, {0, k_blocks}};
     // One copy of the mainloop for both linears (two held more registers than there are).
     const auto& l1 = params.l1[tile.job];
     const auto& l2 = params.l2[tile.job];
@@ -528,9 +572,17 @@ __device__ void math_fused(FusedScheduler<Config>& s, uint32_t math_warpgroup, u
                                             : l2.epilogue.prefetch(s.smem, tile, math_warpgroup, warp, lane);
     gemm::consume_unit<Config>(s.smem, ring, work, first_linear ? l1.args : l2.args, math_warpgroup, warp, lane,
                                stagger_kb, acc);
-    if (first_linear) l1.epilogue.apply(s.smem, tile, acc, l1_prefetched, math_warpgroup, warp, lane, math_thread);
-    else l2.epilogue.apply(s.smem, tile, acc, l2_prefetched, math_warpgroup, warp, lane, math_thread);
-    last_l2_tile |= signal_tile_done(s, first_linear, tile, math_warpgroup, math_thread);
+    // A split unit adds its partial sums to the tile's; the tile's last one runs the epilogue.
+    bool tile_complete = true;
+    if constexpr (gemm::kSplitsK<Config>) {
+      if (work.splits > 1)
+        tile_complete = gemm::gather_splits<Config>(s.split_args(first_linear), work, s.smem.split_flag(), math_thread, acc);
+    }
+    if (tile_complete) {
+      if (first_linear) l1.epilogue.apply(s.smem, tile, acc, l1_prefetched, math_warpgroup, warp, lane, math_thread);
+      else l2.epilogue.apply(s.smem, tile, acc, l2_prefetched, math_warpgroup, warp, lane, math_thread);
+      last_l2_tile |= signal_tile_done(s, first_linear, tile, math_warpgroup, math_thread);
+    }
     if (math_thread == 0) {
       const UnitKind kind = first_linear ? (tile.job == 0 ? UnitKind::routed_l1 : UnitKind::shared_l1)
                                          : (tile.job == 0 ? UnitKind::routed_l2 : UnitKind::shared_l2);

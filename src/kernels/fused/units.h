@@ -9,9 +9,10 @@
 //   shared_l1  the shared experts' L1 tiles: they need only this rank's staged inputs, and keep the
 //              tensor cores busy while the pulls run
 //   routed_l1  L1 tiles of the local experts, each once its expert's rows are pulled
+//   shared_l2  the shared experts' L2 tiles into this rank's shared slot: their L1 tiles ran first, so
+//              they fill the SMs while the routed L1 tiles finish
 //   routed_l2  L2 tiles, each once the L1 tiles of its token tile are done; results go to the source
 //              ranks' combine slots
-//   shared_l2  the shared experts' L2 tiles into this rank's shared slot
 //   combine    a range of this rank's tokens, once every rank's L2 tiles are done
 //
 // A unit only ever waits for units before it. Units are claimed in order and a claimed unit is held
@@ -19,10 +20,14 @@
 // many of its CTAs are resident at once (other kernels may hold SMs), and never waits for a CTA that
 // has not started. The routed units' numbers depend on every rank's counts; a CTA learns them
 // (RoutedUnits) once it claims a unit at or past first_routed_unit.
+//
+// Decode tiles split K in each linear's last wave (kernels/gemm/split_plan.h): each linear's tiles
+// are the shared experts' then the routed ones, so the tail that splits is routed (plan_routed_splits).
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/gemm/split_plan.h"
 #include "megamoe/config.h"
 
 namespace megamoe::fused {
@@ -33,6 +38,7 @@ inline constexpr uint32_t kMaxExperts = 1023;
 inline constexpr uint32_t kMaxSegments = 1023;
 inline constexpr uint32_t kMaxLocalExperts = 256;
 
+// The values are the event log's kind codes (tools/plot_trace.py); the claim order is classify's.
 enum class UnitKind : uint32_t { send, pull, shared_l1, routed_l1, routed_l2, shared_l2, combine, none };
 
 // The unit counts the host knows from this rank's call.
@@ -46,11 +52,44 @@ struct UnitPlan {
   uint32_t tokens_per_combine = 1;
 };
 
-// The routed experts' tile counts, from the received counts.
+// The routed experts' work units, from the received counts: tiles, or splits of the last ones.
 struct RoutedUnits {
   uint32_t l1 = 0;
   uint32_t l2 = 0;
 };
+
+// How the routed tiles of each linear split K. L2's split tiles take the counters and partial slots
+// after L1's (l2_split_base, l2_slot_base), so the two never share one.
+struct RoutedSplits {
+  gemm::SplitPlan l1{0, 1};
+  gemm::SplitPlan l2{0, 1};
+  uint32_t l2_split_base = 0;  // L1's split tiles
+  uint32_t l2_slot_base = 0;   // L1's split units
+};
+
+// A linear's routed tiles follow its shared ones: the last wave of the two together splits, as far
+// as it lies in the routed tiles.
+MEGAMOE_HD gemm::SplitPlan plan_routed_tail(uint32_t shared_tiles, uint32_t routed_tiles, uint32_t grid,
+                                            uint32_t k_blocks, uint32_t capacity_units) {
+  const gemm::SplitPlan phase = gemm::plan_split_k(shared_tiles + routed_tiles, grid, k_blocks, capacity_units);
+  uint32_t split_tiles = shared_tiles + routed_tiles - phase.whole_tiles;
+  if (split_tiles > routed_tiles) split_tiles = routed_tiles;
+  if (phase.splits < 2 || split_tiles == 0) return {routed_tiles, 1};
+  return {routed_tiles - split_tiles, phase.splits};
+}
+
+// capacity_units: partial slots of the split workspace (0: every tile whole).
+MEGAMOE_HD RoutedSplits plan_routed_splits(uint32_t shared_l1_tiles, uint32_t routed_l1_tiles, uint32_t l1_k_blocks,
+                                           uint32_t shared_l2_tiles, uint32_t routed_l2_tiles, uint32_t l2_k_blocks,
+                                           uint32_t grid, uint32_t capacity_units) {
+  RoutedSplits splits;
+  splits.l1 = plan_routed_tail(shared_l1_tiles, routed_l1_tiles, grid, l1_k_blocks, capacity_units);
+  splits.l2_split_base = routed_l1_tiles - splits.l1.whole_tiles;
+  splits.l2_slot_base = splits.l2_split_base * splits.l1.splits;
+  splits.l2 = plan_routed_tail(shared_l2_tiles, routed_l2_tiles, grid, l2_k_blocks,
+                               capacity_units - splits.l2_slot_base);
+  return splits;
+}
 
 struct UnitRef {
   UnitKind kind;
@@ -67,12 +106,14 @@ MEGAMOE_HD uint32_t total_units(const UnitPlan& plan, const RoutedUnits& routed)
 
 // Which unit `unit` is. Below first_routed_unit(plan) `routed` is not read.
 MEGAMOE_HD UnitRef classify(const UnitPlan& plan, const RoutedUnits& routed, uint32_t unit) {
-  const uint32_t counts[] = {plan.send_units, plan.pull_units, plan.shared_l1_units, routed.l1,
-                             routed.l2,       plan.shared_l2_units, plan.combine_units};
+  const UnitKind order[] = {UnitKind::send,      UnitKind::pull,      UnitKind::shared_l1, UnitKind::routed_l1,
+                            UnitKind::shared_l2, UnitKind::routed_l2, UnitKind::combine};
+  const uint32_t counts[] = {plan.send_units,       plan.pull_units, plan.shared_l1_units, routed.l1,
+                             plan.shared_l2_units, routed.l2,       plan.combine_units};
   uint32_t first = 0;
-  for (uint32_t kind = 0; kind < 7; ++kind) {
-    if (unit < first + counts[kind]) return {static_cast<UnitKind>(kind), unit - first};
-    first += counts[kind];
+  for (uint32_t k = 0; k < 7; ++k) {
+    if (unit < first + counts[k]) return {order[k], unit - first};
+    first += counts[k];
   }
   return {UnitKind::none, unit - first};
 }

@@ -78,6 +78,18 @@ GemmJob<Epilogue> make_job(const GemmOperands& operands, const Epilogue& epilogu
   return job;
 }
 
+// A config's view of the split-K workspace: no capacity for configs that do not split.
+template <class Config>
+SplitArgs split_args(const SplitWorkspace& workspace) {
+  SplitArgs split;
+  if (kSplitsK<Config> && workspace.data != nullptr) {
+    split.counters = static_cast<uint32_t*>(workspace.data);
+    split.partials = reinterpret_cast<float*>(static_cast<char*>(workspace.data) + kSplitPartialsOffset);
+    split.capacity_units = split_capacity_units(workspace.bytes, kSplitUnitBytes<Config>);
+  }
+  return split;
+}
+
 template <class Config, template <class> class EpilogueFor, class Job>
 void launch_config(std::span<const Job> jobs, int grid, cudaStream_t stream) {
   using Epilogue = decltype(EpilogueFor<Config>::make(jobs[0].operands, jobs[0].output));
@@ -87,11 +99,7 @@ void launch_config(std::span<const Job> jobs, int grid, cudaStream_t stream) {
     params.job[j] = make_job<Config>(jobs[j].operands, EpilogueFor<Config>::make(jobs[j].operands, jobs[j].output));
   const SplitWorkspace& workspace = jobs[0].operands.split_workspace;
   if (workspace.data != nullptr) params.unit_counter = static_cast<uint32_t*>(workspace.data) + kGemmUnitCounter;
-  if (kSplitsK<Config> && workspace.data != nullptr) {
-    params.split.counters = static_cast<uint32_t*>(workspace.data);
-    params.split.partials = reinterpret_cast<float*>(static_cast<char*>(workspace.data) + kSplitPartialsOffset);
-    params.split.capacity_units = split_capacity_units(workspace.bytes, kSplitUnitBytes<Config>);
-  }
+  params.split = split_args<Config>(workspace);
 
   auto kernel = grouped_gemm_kernel<Config, Epilogue>;
   configure_once_per_device<grouped_gemm_kernel<Config, Epilogue>>(Config::kSmemBytes, "grouped GEMM");

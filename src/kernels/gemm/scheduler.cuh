@@ -21,6 +21,7 @@
 
 #include <cstdint>
 
+#include "kernels/gemm/split_plan.h"
 #include "kernels/warp_scan.cuh"
 #include "megamoe/config.h"
 
@@ -28,40 +29,6 @@ namespace megamoe::gemm {
 
 inline constexpr uint32_t kMaxGroups = 1024;
 inline constexpr uint32_t kBandTokenTiles = 8;
-inline constexpr uint32_t kMaxSplits = 8;
-inline constexpr uint32_t kMinSplitKBlocks = 4;  // K blocks per unit, so a unit still streams its stages
-
-// Which tiles split, and how many ways: the last wave's tiles (tiles mod grid; all of them with
-// fewer tiles than CTAs), when they would leave more than half the grid idle, each into as many
-// units as that wave holds. Decode is weight streaming: once half the SMs stream, splitting
-// measured slower (the partials' round trips cost more than the idle SMs). Bounded by the
-// workspace's units and by K blocks per unit. Host and device: the kernel plans from the
-// device-side tile count.
-struct SplitPlan {
-  uint32_t whole_tiles;  // tiles [0, whole_tiles) run whole; the rest split
-  uint32_t splits;       // units per split tile (1: nothing splits)
-};
-__host__ __device__ constexpr SplitPlan plan_split_k(uint32_t tiles, uint32_t grid, uint32_t k_blocks,
-                                                     uint32_t capacity_units) {
-  const SplitPlan whole{tiles, 1};
-  if (grid == 0) return whole;
-  const uint32_t tail = tiles % grid;
-  if (tail == 0 || 2 * tail > grid) return whole;
-  uint32_t splits = grid / tail;
-  if (splits > kMaxSplits) splits = kMaxSplits;
-  if (splits > k_blocks / kMinSplitKBlocks) splits = k_blocks / kMinSplitKBlocks;
-  if (splits > capacity_units / tail) splits = capacity_units / tail;
-  return splits > 1 ? SplitPlan{tiles - tail, splits} : whole;
-}
-
-// K blocks [begin, end) of split `split` of `splits` over k_blocks.
-struct KRange {
-  uint32_t begin;
-  uint32_t end;
-};
-__host__ __device__ constexpr KRange split_k_range(uint32_t k_blocks, uint32_t split, uint32_t splits) {
-  return {split * k_blocks / splits, (split + 1) * k_blocks / splits};
-}
 
 // Where tile `local` of a group with n_tiles token tiles and m_tiles weight tiles lies: bands of
 // kBandTokenTiles token tiles, each walked m-major (the last band may hold fewer token tiles).
@@ -203,26 +170,17 @@ struct TileScheduler {
     const uint32_t min_k_blocks = second_rows > 0 && second_k_blocks < first_k_blocks ? second_k_blocks : first_k_blocks;
     split_plan = plan_split_k(num_tiles(), gridDim.x, min_k_blocks, capacity_units);
   }
-  __device__ uint32_t num_units() const {
-    return split_plan.whole_tiles + (num_tiles() - split_plan.whole_tiles) * split_plan.splits;
-  }
+  __device__ uint32_t num_units() const { return split_units(num_tiles(), split_plan); }
   // Work unit `index`. Each walker (producer, converters, math warpgroups) visits increasing
   // indices and keeps `group_cursor` (0 at its start) between calls (group_of_tile).
   __device__ WorkUnit unit(uint32_t index, uint32_t& group_cursor) const {
+    const SplitUnit split = split_unit(index, split_plan);
     WorkUnit work;
-    uint32_t tile_index = index;
-    work.split_tile = 0;
-    work.split = 0;
-    work.splits = 1;
-    if (index >= split_plan.whole_tiles) {
-      const uint32_t past = index - split_plan.whole_tiles;
-      work.split_tile = past / split_plan.splits;
-      work.split = past - work.split_tile * split_plan.splits;
-      work.splits = split_plan.splits;
-      tile_index = split_plan.whole_tiles + work.split_tile;
-    }
-    work.tile = tile(tile_index, group_cursor);
-    work.k_blocks = split_k_range(work.tile.job == 0 ? first_k_blocks : second_k_blocks, work.split, work.splits);
+    work.tile = tile(split.tile, group_cursor);
+    work.split_tile = split.split_tile;
+    work.split = split.split;
+    work.splits = split.splits;
+    work.k_blocks = split_k_range(work.tile.job == 0 ? first_k_blocks : second_k_blocks, split.split, split.splits);
     return work;
   }
 
