@@ -57,6 +57,16 @@ std::vector<LayerCase> cases_for_ranks(int32_t ranks) {
     sweep.tokens_per_rank = tokens(ranks, {4096, 0, 1000, 1, 128, 7});
     cases.push_back(sweep);
 
+    // Decode tiles with K long enough to split (16 L1 and 8 L2 K blocks) and few tiles: the last
+    // wave of each linear splits K in both schedules.
+    LayerCase split = basic;
+    split.name = "decode_tiles_split_k" + suffix;
+    split.num_experts = 4 * ranks;
+    split.hidden = 2048;
+    split.intermediate = 1024;
+    split.tokens_per_rank = tokens(ranks, {1, 7, 3});
+    cases.push_back(split);
+
     LayerCase nonfinite = basic;
     nonfinite.name = "nonfinite_inputs_in_four_tokens" + suffix;
     nonfinite.top_k = 4;

@@ -309,36 +309,37 @@ __device__ bool group_flag(uint32_t* flag, uint32_t thread, const Sync& sync, co
   return value;
 }
 
-// Waits (one thread) until what GEMM unit `unit`'s stages read is ready; false after a timeout.
+// What GEMM unit `unit`'s stages read waits for: a readiness counter reaching `expected`.
+struct OperandWait {
+  const uint32_t* counter;
+  uint32_t expected;
+  WaitSite site;
+  uint32_t choice;
+  __device__ bool ready_now() const {
+    return device::GpuRef<uint32_t>(*const_cast<uint32_t*>(counter)).load(cuda::memory_order_relaxed) >= expected;
+  }
+};
 template <class Config>
-__device__ bool wait_for_operands(const FusedScheduler<Config>& s, const UnitRef& unit, const gemm::Tile& tile) {
+__device__ OperandWait operand_wait(const FusedScheduler<Config>& s, const UnitRef& unit, const gemm::Tile& tile) {
   const FusedCounters counters = s.counters();
-  ControlBlock* control = s.control();
-  bool ready = true;
   switch (unit.kind) {
     case UnitKind::shared_l1:
-      ready = device::wait_at_least_gpu(s.view(), control, &control->fused_sends_done, s.plan().send_units,
-                                        kWaitFusedInputs, 0);
-      break;
-    case UnitKind::routed_l1: {
-      const uint32_t rows = s.group_begin()[tile.group + 1] - s.group_begin()[tile.group];
-      ready = device::wait_at_least_gpu(s.view(), control, counters.rows_pulled + tile.group, rows, kWaitFusedRows,
-                                        tile.group);
-      break;
-    }
-    case UnitKind::routed_l2: {
-      const uint32_t token_tile = s.token_tile(tile);
-      ready = device::wait_at_least_gpu(s.view(), control, counters.l1_done + token_tile, 2 * s.l1_m_tiles(),
-                                        kWaitFusedL1Tile, token_tile);
-      break;
-    }
-    default: {
-      const uint32_t token_tile = s.token_tile(tile);
-      ready = device::wait_at_least_gpu(s.view(), control, counters.shared_l1_done + token_tile,
-                                        2 * s.shared_l1_m_tiles(), kWaitFusedSharedL1Tile, token_tile);
-      break;
-    }
+      return {&s.control()->fused_sends_done, s.plan().send_units, kWaitFusedInputs, 0};
+    case UnitKind::routed_l1:
+      return {counters.rows_pulled + tile.group, s.group_begin()[tile.group + 1] - s.group_begin()[tile.group],
+              kWaitFusedRows, tile.group};
+    case UnitKind::routed_l2:
+      return {counters.l1_done + s.token_tile(tile), 2 * s.l1_m_tiles(), kWaitFusedL1Tile, s.token_tile(tile)};
+    default:
+      return {counters.shared_l1_done + s.token_tile(tile), 2 * s.shared_l1_m_tiles(), kWaitFusedSharedL1Tile,
+              s.token_tile(tile)};
   }
+}
+
+// Waits (one thread) until what a GEMM unit's stages read is ready; false after a timeout.
+template <class Config>
+__device__ bool wait_for_operands(const FusedScheduler<Config>& s, const OperandWait& wait) {
+  const bool ready = device::wait_at_least_gpu(s.view(), s.control(), wait.counter, wait.expected, wait.site, wait.choice);
   // The rows were written by generic stores; the stages read them through the async proxy.
   cuda::ptx::fence_proxy_async();
   return ready;
@@ -353,9 +354,10 @@ __device__ void push_dispatch(const FusedScheduler<Config>& s, gemm::RingPositio
   queue.advance();
 }
 
-// Decode units stream weights: while one waits for its tokens (the pulls, or its L1 tiles), the L2
-// cache takes its first K blocks (8 x 32 KB for a 256-row fp8 tile), which its first stages then
-// load from there. At one token the routed L1 units wait about 10 us for the dispatch.
+// Decode units stream weights: one that finds its tokens not ready (the pulls, or its L1 tiles) has
+// the L2 cache take its first K blocks meanwhile (8 x 32 KB for a 256-row fp8 tile), which its first
+// stages then load from there. At one token the routed L1 units wait about 10 us for the dispatch.
+// Only then: the prefetches go through the SM's bulk copy unit ahead of the unit's own loads.
 inline constexpr uint32_t kWaitPrefetchKBlocks = 8;
 
 // The producer warp: claims units in order and feeds them to the ring and the dispatch queue until it
@@ -392,11 +394,14 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
       const gemm::WorkUnit work = s.work(ref);
       const gemm::Tile& tile = work.tile;
       const bool first_linear = is_first_linear(ref.kind);
+      const OperandWait operands = operand_wait(s, ref, tile);
       if constexpr (Config::kLayout == gemm::TileLayout::weights_on_m) {
-        if (first_linear) gemm::prefetch_unit_weights<Config>(params.l1[tile.job], work, kWaitPrefetchKBlocks);
-        else gemm::prefetch_unit_weights<Config>(params.l2[tile.job], work, kWaitPrefetchKBlocks);
+        if (!operands.ready_now()) {
+          if (first_linear) gemm::prefetch_unit_weights<Config>(params.l1[tile.job], work, kWaitPrefetchKBlocks);
+          else gemm::prefetch_unit_weights<Config>(params.l2[tile.job], work, kWaitPrefetchKBlocks);
+        }
       }
-      ok = wait_for_operands(s, ref, tile);
+      ok = wait_for_operands(s, operands);
       trace_event(s, TraceRole::producer, unit, ref.kind, TraceWhat::ready);
       // After a timeout the stages are loaded all the same (the record says the results are void),
       // so that the math warps' walk through the ring stays whole and the launch ends.
