@@ -315,9 +315,6 @@ struct OperandWait {
   uint32_t expected;
   WaitSite site;
   uint32_t choice;
-  __device__ bool ready_now() const {
-    return device::GpuRef<uint32_t>(*const_cast<uint32_t*>(counter)).load(cuda::memory_order_relaxed) >= expected;
-  }
 };
 template <class Config>
 __device__ OperandWait operand_wait(const FusedScheduler<Config>& s, const UnitRef& unit, const gemm::Tile& tile) {
@@ -354,12 +351,6 @@ __device__ void push_dispatch(const FusedScheduler<Config>& s, gemm::RingPositio
   queue.advance();
 }
 
-// Decode units stream weights: one that finds its tokens not ready (the pulls, or its L1 tiles) has
-// the L2 cache take its first K blocks meanwhile (8 x 32 KB for a 256-row fp8 tile), which its first
-// stages then load from there. At one token the routed L1 units wait about 10 us for the dispatch.
-// Only then: the prefetches go through the SM's bulk copy unit ahead of the unit's own loads.
-inline constexpr uint32_t kWaitPrefetchKBlocks = 8;
-
 // The producer warp: claims units in order and feeds them to the ring and the dispatch queue until it
 // claims one that is neither a GEMM, a send nor a pull.
 template <class Config>
@@ -394,14 +385,7 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
       const gemm::WorkUnit work = s.work(ref);
       const gemm::Tile& tile = work.tile;
       const bool first_linear = is_first_linear(ref.kind);
-      const OperandWait operands = operand_wait(s, ref, tile);
-      if constexpr (Config::kLayout == gemm::TileLayout::weights_on_m) {
-        if (!operands.ready_now()) {
-          if (first_linear) gemm::prefetch_unit_weights<Config>(params.l1[tile.job], work, kWaitPrefetchKBlocks);
-          else gemm::prefetch_unit_weights<Config>(params.l2[tile.job], work, kWaitPrefetchKBlocks);
-        }
-      }
-      ok = wait_for_operands(s, operands);
+      ok = wait_for_operands(s, operand_wait(s, ref, tile));
       trace_event(s, TraceRole::producer, unit, ref.kind, TraceWhat::ready);
       // After a timeout the stages are loaded all the same (the record says the results are void),
       // so that the math warps' walk through the ring stays whole and the launch ends.

@@ -109,18 +109,6 @@ struct WeightBox {
                static_cast<int32_t>(tile.group * args.n_out + tile.m_tile * Config::kBlockM)} {}
 };
 
-// Brings the first `k_blocks` K blocks of a unit's weights into L2 (one thread): what a unit waiting
-// for its operands can stream meanwhile, so that its first stages then load from L2.
-template <class Config, class Epilogue>
-__device__ __forceinline__ void prefetch_unit_weights(const GemmJob<Epilogue>& job, const WorkUnit& unit,
-                                                      uint32_t k_blocks) {
-  const uint32_t end = min(unit.k_blocks.end, unit.k_blocks.begin + k_blocks);
-  for (uint32_t kb = unit.k_blocks.begin; kb < end; ++kb) {
-    const WeightBox<Config> box(job.args, unit.tile, kb);
-    ptx::prefetch_box_l2(&job.weights_map, box.coords[0], box.coords[1]);
-  }
-}
-
 template <class Config, class Epilogue, class OnClaim = NoClaimWork>
 __device__ __forceinline__ void issue_unit(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
                                            const GemmJob<Epilogue>& job, const WorkUnit& unit, uint32_t index,

@@ -1,4 +1,4 @@
-// Hopper warpgroup MMA (wgmma), register reallocation (setmaxnreg), stmatrix, L2 prefetches and a non-aligned CTA
+// Hopper warpgroup MMA (wgmma), register reallocation (setmaxnreg), stmatrix, an L2 prefetch and a non-aligned CTA
 // barrier: the PTX that CCCL does not wrap. Everything else (TMA, mbarriers, fences) comes from cuda::ptx.
 //
 // Operands are K-major tiles in shared memory written by TMA with 128-byte swizzling: rows of 128
@@ -52,13 +52,6 @@ MEGAMOE_DEVICE void fence_registers(uint32_t (&registers)[kCount]) {
 
 // Brings a global line into L2 without waiting for it.
 MEGAMOE_DEVICE void prefetch_l2(const void* address) { asm volatile("prefetch.global.L2 [%0];" ::"l"(address)); }
-
-// Brings one box of a 2-D tensor map into L2 without waiting for it (the bulk tensor copy's box).
-MEGAMOE_DEVICE void prefetch_box_l2(const void* tensor_map, int32_t inner, int32_t outer) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(tensor_map), "r"(inner),
-               "r"(outer)
-               : "memory");
-}
 
 // Barrier 0 of the whole CTA, reached from different code by different warps (the fused kernel's
 // roles each end in their own copy of the same steps): the non-aligned barrier.sync. __syncthreads
