@@ -130,6 +130,41 @@ TEST(FusedUnits, RoutedTailSplitsInItsLinearsLastWave) {
   EXPECT_LE(both.l2_slot_base + (6 - both.l2.whole_tiles) * both.l2.splits, 132u);
 }
 
+// Every split unit of both linears, with its linear's place in the workspace (split_space, as the
+// kernel's split_args applies it), stays inside the workspace's capacity, and no two split tiles
+// share a counter or a slot. (The first version numbered L2's split tiles after L1's and also moved
+// L2's slots past L1's: at DeepSeek-V3-like decode shapes on 66 CTAs its slots reached 144 of 132.)
+TEST(FusedUnits, SplitUnitsOfBothLinearsFitTheWorkspaceApart) {
+  const uint32_t capacity = 132;
+  for (uint32_t grid : {66u, 132u}) {
+    for (uint32_t shared : {0u, 8u, 16u}) {
+      for (uint32_t routed_tiles = 1; routed_tiles <= 300; ++routed_tiles) {
+        const RoutedSplits splits = plan_routed_splits(shared, routed_tiles * 8, 16, shared, routed_tiles * 8, 8, grid,
+                                                       capacity);
+        std::vector<int> counters(capacity, 0), slots(capacity, 0);
+        for (bool first : {true, false}) {
+          const gemm::SplitPlan& plan = first ? splits.l1 : splits.l2;
+          const SplitSpace space = split_space(splits, first);
+          for (uint32_t u = 0; u < gemm::split_units(routed_tiles * 8, plan); ++u) {
+            const gemm::SplitUnit part = gemm::split_unit(u, plan);
+            if (part.splits < 2) continue;
+            const uint32_t counter = space.counter_base + part.split_tile;
+            const uint32_t slot = space.slot_base + part.split_tile * part.splits + part.split;
+            ASSERT_LT(counter, capacity) << routed_tiles << " tiles, grid " << grid;
+            ASSERT_LT(slot, capacity) << routed_tiles << " tiles, grid " << grid << (first ? ", L1" : ", L2");
+            if (part.split == 0) ++counters[counter];
+            ++slots[slot];
+          }
+        }
+        for (uint32_t i = 0; i < capacity; ++i) {
+          ASSERT_LE(counters[i], 1) << "counter " << i << ", " << routed_tiles << " tiles";
+          ASSERT_LE(slots[i], 1) << "slot " << i << ", " << routed_tiles << " tiles";
+        }
+      }
+    }
+  }
+}
+
 TEST(FusedUnits, SplitUnitsCoverEachTileAndItsKRangeOnce) {
   for (const gemm::SplitPlan plan : {gemm::SplitPlan{5, 1}, gemm::SplitPlan{3, 4}, gemm::SplitPlan{0, 8}}) {
     const uint32_t tiles = 5, k_blocks = 56;

@@ -211,7 +211,8 @@ struct FusedScheduler {
   }
 
   // A GEMM unit: its tile (tile.job is 0 for routed experts and 1 for shared ones) and, for a routed
-  // tile in its linear's last wave, its split of K. L2's split tiles count after L1's (RoutedSplits).
+  // tile in its linear's last wave, its split of K. A split tile's number counts within its linear:
+  // split_args gives each linear its part of the workspace.
   __device__ gemm::WorkUnit work(const UnitRef& unit) {
     const bool first = is_first_linear(unit.kind);
     const uint32_t k_blocks = first ? params.l1[0].args.k_blocks : params.l2[0].args.k_blocks;
@@ -219,16 +220,17 @@ struct FusedScheduler {
       return {tile(unit.kind, unit.index), 0, 0, 1, {0, k_blocks}};
     const RoutedSplits& split = *splits();
     const gemm::SplitUnit part = gemm::split_unit(unit.index, first ? split.l1 : split.l2);
-    return {tile(unit.kind, part.tile), part.split_tile + (first ? 0 : split.l2_split_base), part.split, part.splits,
+    return {tile(unit.kind, part.tile), part.split_tile, part.split, part.splits,
             gemm::split_k_range(k_blocks, part.split, part.splits)};
   }
-  // The split workspace of a linear's split tiles: L2's after L1's.
+  // A linear's part of the split workspace: L2's counters and partial slots follow L1's, so that an L2
+  // split tile never shares one with an L1 split tile still being gathered.
   __device__ gemm::SplitArgs split_args(bool first_linear) const {
     gemm::SplitArgs args = params.split;
-    if (!first_linear) {
-      args.partials += uint64_t{splits()->l2_slot_base} * gemm::kSplitUnitBytes<Config> / sizeof(float);
-      args.capacity_units -= splits()->l2_slot_base;
-    }
+    const SplitSpace space = split_space(*splits(), first_linear);
+    args.counters += space.counter_base;
+    args.partials += uint64_t{space.slot_base} * gemm::kSplitUnitBytes<Config> / sizeof(float);
+    args.capacity_units -= space.slot_base;
     return args;
   }
 

@@ -67,6 +67,16 @@ struct RoutedSplits {
   uint32_t l2_slot_base = 0;   // L1's split units
 };
 
+// Where a linear's split tiles start in the split workspace: its tiles' counters from counter_base, its
+// units' partial slots from slot_base (split tile t's units take slots slot_base + t * splits + split).
+struct SplitSpace {
+  uint32_t counter_base;
+  uint32_t slot_base;
+};
+MEGAMOE_HD SplitSpace split_space(const RoutedSplits& splits, bool first_linear) {
+  return first_linear ? SplitSpace{0, 0} : SplitSpace{splits.l2_split_base, splits.l2_slot_base};
+}
+
 // A linear's routed tiles follow its shared ones: the last wave of the two together splits, as far
 // as it lies in the routed tiles.
 MEGAMOE_HD gemm::SplitPlan plan_routed_tail(uint32_t shared_tiles, uint32_t routed_tiles, uint32_t grid,
