@@ -99,6 +99,9 @@ struct UnitTile {
   gemm::Tile tile;
   uint32_t first_linear;
   uint32_t split;  // split tile << 16 | split << 8 | splits
+  __device__ static UnitTile of(const gemm::WorkUnit& work, bool first_linear) {
+    return {work.tile, first_linear, work.split_tile << 16 | work.split << 8 | work.splits};
+  }
   __device__ gemm::WorkUnit work(uint32_t k_blocks) const {
     const uint32_t splits = split & 0xFFu, index = split >> 8 & 0xFFu;
     return {tile, split >> 16, index, splits, gemm::split_k_range(k_blocks, index, splits)};
@@ -311,7 +314,9 @@ __device__ bool group_flag(uint32_t* flag, uint32_t thread, const Sync& sync, co
   return value;
 }
 
-// What GEMM unit `unit`'s stages read waits for: a readiness counter reaching `expected`.
+// What GEMM unit `unit`'s stages read waits for: a readiness counter reaching `expected`. One wait
+// site for every kind: one inlined spin-wait per kind made each fused kernel about 200 instructions
+// longer.
 struct OperandWait {
   const uint32_t* counter;
   uint32_t expected;
@@ -321,24 +326,22 @@ struct OperandWait {
 template <class Config>
 __device__ OperandWait operand_wait(const FusedScheduler<Config>& s, const UnitRef& unit, const gemm::Tile& tile) {
   const FusedCounters counters = s.counters();
-  switch (unit.kind) {
-    case UnitKind::shared_l1:
-      return {&s.control()->fused_sends_done, s.plan().send_units, kWaitFusedInputs, 0};
-    case UnitKind::routed_l1:
-      return {counters.rows_pulled + tile.group, s.group_begin()[tile.group + 1] - s.group_begin()[tile.group],
-              kWaitFusedRows, tile.group};
-    case UnitKind::routed_l2:
-      return {counters.l1_done + s.token_tile(tile), 2 * s.l1_m_tiles(), kWaitFusedL1Tile, s.token_tile(tile)};
-    default:
-      return {counters.shared_l1_done + s.token_tile(tile), 2 * s.shared_l1_m_tiles(), kWaitFusedSharedL1Tile,
-              s.token_tile(tile)};
-  }
+  if (unit.kind == UnitKind::shared_l1)
+    return {&s.control()->fused_sends_done, s.plan().send_units, kWaitFusedInputs, 0};
+  if (unit.kind == UnitKind::routed_l1)
+    return {counters.rows_pulled + tile.group, s.group_begin()[tile.group + 1] - s.group_begin()[tile.group],
+            kWaitFusedRows, tile.group};
+  const uint32_t token_tile = s.token_tile(tile);
+  if (unit.kind == UnitKind::routed_l2)
+    return {counters.l1_done + token_tile, 2 * s.l1_m_tiles(), kWaitFusedL1Tile, token_tile};
+  return {counters.shared_l1_done + token_tile, 2 * s.shared_l1_m_tiles(), kWaitFusedSharedL1Tile, token_tile};
 }
 
 // Waits (one thread) until what a GEMM unit's stages read is ready; false after a timeout.
 template <class Config>
 __device__ bool wait_for_operands(const FusedScheduler<Config>& s, const OperandWait& wait) {
-  const bool ready = device::wait_at_least_gpu(s.view(), s.control(), wait.counter, wait.expected, wait.site, wait.choice);
+  const bool ready =
+      device::wait_at_least_gpu(s.view(), s.control(), wait.counter, wait.expected, wait.site, wait.choice);
   // The rows were written by generic stores; the stages read them through the async proxy.
   cuda::ptx::fence_proxy_async();
   return ready;
@@ -391,8 +394,7 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
       trace_event(s, TraceRole::producer, unit, ref.kind, TraceWhat::ready);
       // After a timeout the stages are loaded all the same (the record says the results are void),
       // so that the math warps' walk through the ring stays whole and the launch ends.
-      const uint32_t split = work.split_tile << 16 | work.split << 8 | work.splits;
-      const auto publish_tile = [&](uint32_t stage) { *s.unit_tile(stage) = UnitTile{tile, first_linear, split}; };
+      const auto publish_tile = [&](uint32_t stage) { *s.unit_tile(stage) = UnitTile::of(work, first_linear); };
       if (first_linear) gemm::issue_unit<Config>(s.smem, ring, params.l1[tile.job], work, unit, publish_tile);
       else gemm::issue_unit<Config>(s.smem, ring, params.l2[tile.job], work, unit, publish_tile);
     }
@@ -553,7 +555,8 @@ __device__ void math_fused(FusedScheduler<Config>& s, uint32_t math_warpgroup, u
     const uint32_t stagger_kb =
         kStaggered && math_warpgroup == 0 && first_gemm ? min(gemm::kStaggerKBlocks, k_blocks - 1) : kNoStagger;
     // Only decode configs split: the others keep the whole K range a constant.
-    const gemm::WorkUnit work = gemm::kSplitsK<Config> ? unit.work(k_blocks) : gemm::WorkUnit{tile, 0, 0, 1, {0, k_blocks}};
+    const gemm::WorkUnit work =
+        gemm::kSplitsK<Config> ? unit.work(k_blocks) : gemm::WorkUnit{tile, 0, 0, 1, {0, k_blocks}};
     // One copy of the mainloop for both linears (two held more registers than there are).
     const auto& l1 = params.l1[tile.job];
     const auto& l2 = params.l2[tile.job];
@@ -567,7 +570,8 @@ __device__ void math_fused(FusedScheduler<Config>& s, uint32_t math_warpgroup, u
     bool tile_complete = true;
     if constexpr (gemm::kSplitsK<Config>) {
       if (work.splits > 1)
-        tile_complete = gemm::gather_splits<Config>(s.split_args(first_linear), work, s.smem.split_flag(), math_thread, acc);
+        tile_complete =
+            gemm::gather_splits<Config>(s.split_args(first_linear), work, s.smem.split_flag(), math_thread, acc);
     }
     if (tile_complete) {
       if (first_linear) l1.epilogue.apply(s.smem, tile, acc, l1_prefetched, math_warpgroup, warp, lane, math_thread);

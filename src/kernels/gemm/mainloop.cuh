@@ -100,22 +100,13 @@ __device__ uint32_t next_unit(const SharedStorage<Config>& smem, const RingPosit
 struct NoClaimWork {
   __device__ void operator()(uint32_t) const {}
 };
-// Where K block kb of a tile's weights lies in its tensor map (packed E2M1 pairs: half the bytes).
-template <class Config>
-struct WeightBox {
-  int32_t coords[2];
-  __device__ WeightBox(const MainloopArgs& args, const Tile& tile, uint32_t kb)
-      : coords{static_cast<int32_t>(kb * Config::kBlockK / (Config::kPacked ? 2 : 1)),
-               static_cast<int32_t>(tile.group * args.n_out + tile.m_tile * Config::kBlockM)} {}
-};
-
 template <class Config, class Epilogue, class OnClaim = NoClaimWork>
 __device__ __forceinline__ void issue_unit(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
                                            const GemmJob<Epilogue>& job, const WorkUnit& unit, uint32_t index,
                                            const OnClaim& on_claim = {}) {
   const Tile& tile = unit.tile;
   const MainloopArgs& args = job.args;
-  const int32_t weight_row = WeightBox<Config>(args, tile, 0).coords[1];
+  const int32_t weight_row = static_cast<int32_t>(tile.group * args.n_out + tile.m_tile * Config::kBlockM);
   for (uint32_t kb = unit.k_blocks.begin; kb < unit.k_blocks.end; ++kb) {
     wait_barrier<Config>(smem.empty(ring.stage), ring.phase ^ 1, args.watch, ring.stage);
     if (kb == unit.k_blocks.begin) {
@@ -143,15 +134,16 @@ __device__ __forceinline__ void issue_unit(const SharedStorage<Config>& smem, Ri
                                              raw_full, raw_bytes);
       }
       const uint32_t shift_bytes = raw_bytes - Config::kRawWeightBytes;
+      const int32_t packed_coords[2] = {k_coord / 2, weight_row};
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
-                                      smem.raw_weights(ring.stage), &job.weights_map,
-                                      WeightBox<Config>(args, tile, kb).coords, raw_full);
+                                      smem.raw_weights(ring.stage), &job.weights_map, packed_coords, raw_full);
       cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.raw_shifts(ring.stage),
                                args.weight_shifts + (uint64_t{kb} * args.weight_rows + weight_row) * 4, shift_bytes,
                                raw_full);
     } else {
+      const int32_t weight_coords[2] = {k_coord, weight_row};
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.weights(ring.stage),
-                                      &job.weights_map, WeightBox<Config>(args, tile, kb).coords, full);
+                                      &job.weights_map, weight_coords, full);
     }
     const int32_t token_coords[2] = {k_coord, static_cast<int32_t>(tile.row_begin)};
     cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.tokens(ring.stage),
