@@ -365,6 +365,7 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
   const FusedParams<Config>& params = s.params;
   const gemm::PipelineWatch& watch = params.l1[0].args.watch;
   uint32_t handed_over = gemm::kNoUnit;
+  bool dispatch_open = true;
   for (;;) {
     uint32_t unit = lane == 0 ? s.claim() : 0;
     unit = __shfl_sync(0xFFFFFFFFu, unit, 0);
@@ -380,6 +381,12 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
     if (ref.kind == UnitKind::send || ref.kind == UnitKind::pull) {
       if (lane == 0) push_dispatch(s, queue, unit);
       continue;
+    }
+    // Send and pull units come first: past them the dispatch warps are done, and wait at the CTA's
+    // end instead of polling their queue through the call.
+    if (dispatch_open) {
+      if (lane == 0) push_dispatch(s, queue, gemm::kNoUnit);
+      dispatch_open = false;
     }
     if (!is_gemm(ref.kind)) {
       handed_over = kEndBit | unit;
@@ -401,7 +408,7 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
     if (!__shfl_sync(0xFFFFFFFFu, ok, 0)) break;
   }
   if (lane == 0) {
-    push_dispatch(s, queue, gemm::kNoUnit);
+    if (dispatch_open) push_dispatch(s, queue, gemm::kNoUnit);
     gemm::issue_empty_stage<Config>(s.smem, ring, handed_over, watch);
   }
 }
