@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "kernels/comm/bounce_plan.h"
 #include "kernels/comm/pull.cuh"
 #include "kernels/comm/sync.cuh"
 #include "kernels/warp_scan.cuh"
@@ -293,6 +294,135 @@ __device__ inline void pull_row(const DispatchArgs& a, const PoolSegments& segme
     pool_weight[row] = weight;
     pool_source[row] = PoolSource{src_rank, token_topk};
   }
+}
+
+// Where pool row `row` comes from.
+struct RowSource {
+  uint32_t rank;
+  uint32_t token_topk;  // token * top_k + k on that rank
+  const char* buffer;   // that rank's buffer
+};
+__device__ inline RowSource row_source(const DispatchArgs& a, const PoolSegments& segments, uint32_t row) {
+  const uint32_t num_ranks = segments.num_ranks;
+  const uint32_t segment = segments.find(row);
+  const uint32_t rank = segment % num_ranks;
+  const uint32_t token_topk = a.layout.src_index_ptr(a.view.local(), segment / num_ranks, rank,
+                                                     num_ranks)[row - segments.segment_begin[segment]];
+  return {rank, token_topk, a.view.peers[rank]};
+}
+
+// A shared-memory area that bulk copies (TMA) pass pool rows through, in two halves: one half's
+// loads land while the other's stores drain. `loaded`: one mbarrier per half (arrival count 1);
+// `phases`: their parity bits, kept across calls.
+struct BounceArea {
+  uint8_t* area;  // 16-byte aligned
+  uint32_t bytes;
+  uint64_t* loaded;
+  uint32_t phases;
+};
+
+// Pulls pool rows [begin, end) by one warp through `bounce` in batches (comm::BouncePlan): the row
+// bytes through shared memory, so that the warp keeps the area's bytes in flight however few
+// registers it has; the scales, route weight and source through its lanes. Lane 0 calls
+// rows_pulled(first, count) once a batch's rows are complete in the pool (their stores done and
+// fenced for the async proxy), in order.
+template <class RowsPulled>
+__device__ inline void pull_rows_bulk(const DispatchArgs& a, const PoolSegments& segments, uint32_t begin,
+                                      uint32_t end, BounceArea& bounce, uint32_t lane,
+                                      const RowsPulled& rows_pulled) {
+  if (begin >= end) return;
+  const uint32_t row_bytes = static_cast<uint32_t>(a.problem.hidden) * a.layout.activation_bytes;
+  const uint32_t hidden_blocks = a.layout.hidden_blocks;
+  const bool scaled = a.problem.recipe != Recipe::bf16;
+  char* pool = a.view.local() + a.layout.l1_pool.offset;
+  float* pool_scales = BufferLayout::at<float>(a.view.local(), a.layout.l1_pool_scales);
+  float* pool_weight = BufferLayout::at<float>(a.view.local(), a.layout.pool_weight);
+  PoolSource* pool_source = BufferLayout::at<PoolSource>(a.view.local(), a.layout.pool_source);
+  const comm::BouncePlan plan = comm::BouncePlan::make(bounce.bytes, row_bytes, end - begin);
+  const uint32_t batches = plan.batches();
+  const auto batch_of = [&](uint32_t b) {
+    comm::BounceBatch batch = plan.batch(b);
+    batch.first += begin;
+    return batch;
+  };
+  // The source rows were written by generic stores (the source rank's send); bulk copies read them
+  // through the async proxy.
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
+  // Batch b's loads go to half b % 2 once batch b - 2's store has read it; batch b - 1's store is
+  // issued once its loads have landed; rows are reported once their store has completed.
+  for (uint32_t b = 0; b <= batches; ++b) {
+    if (b < batches) {
+      const comm::BounceBatch batch = batch_of(b);
+      uint8_t* slot = bounce.area + (b % 2) * plan.half;
+      if (b >= 2 && lane == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+      const uint32_t row = batch.first + lane;
+      RowSource source{};
+      if (lane < batch.rows) source = row_source(a, segments, row);
+      const uint32_t token = source.token_topk / static_cast<uint32_t>(a.problem.top_k);
+      const char* source_row = source.buffer + a.layout.x.offset + uint64_t{token} * row_bytes + batch.offset;
+      // Lane 0 issues the loads: the half is free for it (its wait above).
+      if (lane == 0) {
+        cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                             &bounce.loaded[b % 2], batch.rows * batch.bytes);
+      }
+      for (uint32_t r = 0; r < batch.rows; ++r) {
+        const auto from = reinterpret_cast<const char*>(
+            __shfl_sync(0xFFFFFFFFu, reinterpret_cast<uintptr_t>(source_row), r));
+        if (lane == 0) {
+          cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, slot + r * batch.bytes, from,
+                                   batch.bytes, &bounce.loaded[b % 2]);
+        }
+      }
+      if (batch.offset == 0) {  // the rows' scales, route weight and source, once per row
+        if (lane < batch.rows) {
+          pool_weight[row] =
+              reinterpret_cast<const float*>(source.buffer + a.layout.topk_weights.offset)[source.token_topk];
+          pool_source[row] = PoolSource{source.rank, source.token_topk};
+        }
+        for (uint32_t r = 0; scaled && r < batch.rows; ++r) {
+          const auto buffer = reinterpret_cast<const char*>(
+              __shfl_sync(0xFFFFFFFFu, reinterpret_cast<uintptr_t>(source.buffer), r));
+          const uint32_t token_r = __shfl_sync(0xFFFFFFFFu, token, r);
+          const float* source_scales =
+              reinterpret_cast<const float*>(buffer + a.layout.x_scales.offset) + uint64_t{token_r} * hidden_blocks;
+          // K-block-major, as pull_row writes them.
+          for (uint32_t kb = lane; kb < hidden_blocks; kb += 32)
+            pool_scales[uint64_t{kb} * a.layout.pool_rows + batch.first + r] = source_scales[kb];
+        }
+      }
+    }
+    if (b >= 1) {
+      const comm::BounceBatch done = batch_of(b - 1);
+      if (lane == 0) {
+        const uint32_t slot = (b - 1) % 2;
+        // TMA completes the transfer it was given, so this wait needs no timeout.
+        while (!cuda::ptx::mbarrier_try_wait_parity(&bounce.loaded[slot], (bounce.phases >> slot) & 1u)) {
+        }
+        bounce.phases ^= 1u << slot;
+        cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared,
+                                 pool + uint64_t{done.first} * row_bytes + done.offset,
+                                 bounce.area + slot * plan.half, done.rows * done.bytes);
+        cuda::ptx::cp_async_bulk_commit_group();
+        // The store of batch b - 2 complete (b - 1's may still run): its rows, when that was their last piece.
+        if (b >= 2) {
+          cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<1>{});
+          const comm::BounceBatch stored = batch_of(b - 2);
+          if (stored.completes_rows) {
+            cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
+            rows_pulled(stored.first, stored.rows);
+          }
+        }
+      }
+      __syncwarp();
+    }
+  }
+  if (lane == 0) {
+    cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
+    const comm::BounceBatch stored = batch_of(batches - 1);
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
+    rows_pulled(stored.first, stored.rows);
+  }
+  __syncwarp();
 }
 
 }  // namespace megamoe::dispatch

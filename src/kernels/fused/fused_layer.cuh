@@ -1,17 +1,21 @@
 // The fused schedule: the whole layer in one persistent launch per call and rank (units.h says in
 // which order its CTAs claim the work). Each CTA has the grouped GEMM's warp roles (grouped_gemm.cuh)
 // and dispatch warps:
-//   - the producer warp claims units in order. A GEMM unit's stages are loaded once what they read is
-//     ready (the rows of its expert pulled, or the L1 tiles of its token tile done); send and pull
-//     units go to the dispatch warps through a small queue; the first combine unit (or the end)
-//     ends its walk and is handed to the math warps with the ring's last stage;
-//   - the dispatch warps (the producer warpgroup's other three) run send and pull units with the
-//     staged schedule's dispatch functions, while the math warps run GEMMs;
+//   - the producer warp claims units in order. Pull units it runs itself, with bulk copies through
+//     the ring's shared memory, which is free until its first GEMM unit (pulls come before every
+//     GEMM unit in the claim order). A GEMM unit's stages are loaded once what they read is ready
+//     (the rows of its expert pulled, or the L1 tiles of its token tile done); send units go to
+//     the dispatch warps through a small queue; the first combine unit (or the end) ends its walk
+//     and is handed to the math warps with the ring's last stage;
+//   - the dispatch warps (the producer warpgroup's other three) run send units with the staged
+//     schedule's dispatch functions, while the math warps run GEMMs;
 //   - the math warpgroups run GEMM units through the same mainloop and epilogues as the staged
 //     schedule, then claim and run the combine units themselves;
 //   - with packed weights in prefill tiles, the converter warpgroup expands the GEMM units' weight tiles.
 // The math warps' loop holds nothing but GEMMs: with dispatch code in it, values hoisted out of the
-// loop held registers through the mainloop, which then spilled.
+// loop held registers through the mainloop, which then spilled (a loop of pulls before it did too).
+// The pulls went through the dispatch warps' 40 registers before: about 6 KB in flight per SM, and
+// prefill rows at about 125 GB/s (docs/fused.md).
 // Readiness counters (layout.h, FusedCounters) are released after the writes they cover and acquired
 // before the TMA loads that read them (with proxy fences: the writes are generic, the loads async).
 // The last CTA to finish resets every counter for the next call.
@@ -50,11 +54,15 @@ __device__ __forceinline__ bool is_first_linear(UnitKind kind) {
   return kind == UnitKind::routed_l1 || kind == UnitKind::shared_l1;
 }
 
-// The dispatch warps' table: a send unit's counts per global expert, or a pull unit's segments.
-inline constexpr uint32_t kDispatchTableEntries = (kMaxExperts > kMaxSegments ? kMaxExperts : kMaxSegments) + 1;
-// Pull units come in bursts (up to four per CTA): the queue holds them all, so the producer goes on
-// to the GEMM units behind them.
+// The dispatch warps' table: a send unit's counts per global expert.
+inline constexpr uint32_t kDispatchTableEntries = kMaxExperts + 1;
+// Send units come in bursts: the queue holds them, so that the producer goes on to the units behind.
 inline constexpr uint32_t kQueueSlots = 16;
+// The producer's pulls use the ring's stages (weights, tokens, scales; not the packed weights' area,
+// whose shifts init_pipeline set): the pool's segments first, then the bulk copies' bounce area.
+inline constexpr uint32_t kPullSegmentBytes = 4 * (kMaxSegments + 1);
+template <class Config>
+inline constexpr uint32_t kPullAreaBytes = Config::kScaleOffset + Config::kStages * Config::kScaleStride;
 // The ring's last stage carries, with this bit, the unit the producer claimed but did not run (the
 // first combine unit, or one past the last): the math warps run it and claim the rest.
 inline constexpr uint32_t kEndBit = 0x80000000u;
@@ -68,7 +76,8 @@ struct FusedTables {
   static constexpr uint32_t kQueueSlot = kDispatchTable + kDispatchTableEntries;   // [kQueueSlots]
   static constexpr uint32_t kQueueFull = (kQueueSlot + kQueueSlots + 1) / 2 * 2;   // u64 mbarriers
   static constexpr uint32_t kQueueEmpty = kQueueFull + 2 * kQueueSlots;
-  static constexpr uint32_t kSignals = kQueueEmpty + 2 * kQueueSlots;              // SignalTargets (u64 aligned)
+  static constexpr uint32_t kPullLoaded = kQueueEmpty + 2 * kQueueSlots;           // u64 mbarriers [2]
+  static constexpr uint32_t kSignals = kPullLoaded + 2 * 2;                         // SignalTargets (u64 aligned)
   static constexpr uint32_t kUnitTiles = kSignals + 8;                             // [ring stages] UnitTile
   static constexpr uint32_t kUnitTileWords = 8;
   static constexpr uint32_t kBuilt = kUnitTiles + 8 * kUnitTileWords;
@@ -147,6 +156,12 @@ struct FusedScheduler {
   __device__ UnitTile* unit_tile(uint32_t stage) const {
     static_assert(Config::kStages <= 8, "the unit tiles' slots");
     return reinterpret_cast<UnitTile*>(words(FusedTables::kUnitTiles + stage * FusedTables::kUnitTileWords));
+  }
+  __device__ uint64_t* pull_loaded() const { return reinterpret_cast<uint64_t*>(words(FusedTables::kPullLoaded)); }
+  __device__ uint32_t* pull_segments() const { return reinterpret_cast<uint32_t*>(smem.base); }
+  __device__ dispatch::BounceArea pull_bounce() const {
+    static_assert(kPullAreaBytes<Config> >= kPullSegmentBytes + 2 * 1024, "the pulls' bounce area");
+    return {smem.base + kPullSegmentBytes, kPullAreaBytes<Config> - kPullSegmentBytes, pull_loaded(), 0};
   }
   __device__ SignalTargets* signal_targets() const {
     return reinterpret_cast<SignalTargets*>(words(FusedTables::kSignals));
@@ -356,6 +371,39 @@ __device__ void push_dispatch(const FusedScheduler<Config>& s, gemm::RingPositio
   queue.advance();
 }
 
+// A pull unit, by the producer warp (all lanes): its share of the received rows into the pool, each
+// row counted for its expert once it is there. The pool's segments are built at the CTA's first
+// pull unit, once every rank's counts are in. False after a timeout.
+template <class Config>
+__device__ bool run_pull(const FusedScheduler<Config>& s, uint32_t index, uint32_t lane, dispatch::BounceArea& bounce,
+                         bool& segments_built) {
+  const dispatch::DispatchArgs& a = s.params.dispatch;
+  uint32_t* segment_begin = s.pull_segments();
+  const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
+  const dispatch::PoolSegments segments{segment_begin, a.layout.experts_per_rank * num_ranks, num_ranks};
+  if (!segments_built) {
+    const bool counts_in = lane == 0 ? device::rank_wait(s.view(), s.control(), s.epoch(1)) : true;
+    if (!__shfl_sync(0xFFFFFFFFu, counts_in, 0)) return false;
+    dispatch::build_segments(a, segment_begin, lane, 32, [] { __syncwarp(); }, index == 0);
+    segments_built = true;
+  }
+  const TokenRange rows = pull_rows(index, s.plan().pull_units, segment_begin[segments.num_segments]);
+  uint32_t* rows_pulled = s.counters().rows_pulled;
+  // The L1 tiles read the rows through the async proxy once their expert's count is complete.
+  dispatch::pull_rows_bulk(a, segments, rows.begin, rows.end, bounce, lane, [&](uint32_t first, uint32_t count) {
+    for (uint32_t row = first; row < first + count;) {
+      const uint32_t segment = segments.find(row);
+      const uint32_t expert = segment / num_ranks;
+      const uint32_t expert_end = segment_begin[(expert + 1) * num_ranks];
+      const uint32_t rows_of_expert = min(first + count, expert_end) - row;
+      cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(rows_pulled[expert])
+          .fetch_add(rows_of_expert, cuda::memory_order_release);
+      row += rows_of_expert;
+    }
+  });
+  return true;
+}
+
 // The producer warp: claims units in order and feeds them to the ring and the dispatch queue until it
 // claims one that is neither a GEMM, a send nor a pull.
 template <class Config>
@@ -366,6 +414,8 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
   const gemm::PipelineWatch& watch = params.l1[0].args.watch;
   uint32_t handed_over = gemm::kNoUnit;
   bool dispatch_open = true;
+  dispatch::BounceArea bounce = s.pull_bounce();
+  bool segments_built = false;
   for (;;) {
     uint32_t unit = lane == 0 ? s.claim() : 0;
     unit = __shfl_sync(0xFFFFFFFFu, unit, 0);
@@ -378,15 +428,20 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
     }
     const UnitRef ref = s.classify(unit);
     if (lane == 0) trace_event(s, TraceRole::producer, unit, ref.kind, TraceWhat::claimed);
-    if (ref.kind == UnitKind::send || ref.kind == UnitKind::pull) {
+    if (ref.kind == UnitKind::send) {
       if (lane == 0) push_dispatch(s, queue, unit);
       continue;
     }
-    // Send and pull units come first: past them the dispatch warps are done, and wait at the CTA's
-    // end instead of polling their queue through the call.
+    // Send units come first: past them the dispatch warps are done, and wait at the CTA's end instead
+    // of polling their queue through the call.
     if (dispatch_open) {
       if (lane == 0) push_dispatch(s, queue, gemm::kNoUnit);
       dispatch_open = false;
+    }
+    if (ref.kind == UnitKind::pull) {
+      if (!run_pull(s, ref.index, lane, bounce, segments_built)) break;
+      if (lane == 0) trace_event(s, TraceRole::producer, unit, ref.kind, TraceWhat::done);
+      continue;
     }
     if (!is_gemm(ref.kind)) {
       handed_over = kEndBit | unit;
@@ -440,9 +495,6 @@ __device__ void convert_fused(FusedScheduler<Config>& s, uint32_t thread, uint32
   }
 }
 
-// Pull rows in flight per lane of the dispatch warps (their 40 registers hold four 16-byte vectors).
-inline constexpr int kDispatchPullUnroll = 4;
-
 // A send unit: this unit's tokens' inputs into the buffer, their routes counted and scattered; the
 // last one to finish sends the counts and arrives on the cross-rank barrier.
 template <class Config>
@@ -468,34 +520,7 @@ __device__ void run_send(const FusedScheduler<Config>& s, uint32_t index, uint32
   if (thread == 0) device::rank_arrive(s.view(), s.control(), s.epoch(1));
 }
 
-// A pull unit: its share of the received rows into the pool, each row counted for its expert.
-template <class Config>
-__device__ void run_pull(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread, uint32_t lane) {
-  const dispatch::DispatchArgs& a = s.params.dispatch;
-  if (!group_flag(s.words(FusedTables::kDispatchFlag), thread, DispatchSync{},
-                  [&] { return device::rank_wait(s.view(), s.control(), s.epoch(1)); }))
-    return;
-  uint32_t* segment_begin = s.dispatch_table();
-  dispatch::build_segments(a, segment_begin, thread, kDispatchThreads, DispatchSync{}, index == 0);
-  const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
-  const dispatch::PoolSegments segments{segment_begin, a.layout.experts_per_rank * num_ranks, num_ranks};
-  const TokenRange rows = pull_rows(index, s.plan().pull_units, segment_begin[segments.num_segments]);
-  uint32_t* rows_pulled = s.counters().rows_pulled;
-  constexpr uint32_t kWarps = kDispatchThreads / 32;
-  for (uint32_t row = rows.begin + thread / 32; row < rows.end; row += kWarps) {
-    dispatch::pull_row<kDispatchPullUnroll>(a, segments, row, lane);
-    // The L1 tiles read the row through the async proxy once its expert's count is complete. The
-    // warp's stores are ordered before lane 0's release by the warp barrier.
-    __syncwarp();
-    if (lane == 0) {
-      cuda::ptx::fence_proxy_async();
-      cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(rows_pulled[segments.find(row) / num_ranks])
-          .fetch_add(1, cuda::memory_order_release);
-    }
-  }
-}
-
-// The dispatch warps: run the send and pull units the producer hands them, in order.
+// The dispatch warps: run the send units the producer hands them, in order.
 template <class Config>
 __device__ void dispatch_fused(const FusedScheduler<Config>& s, uint32_t thread, uint32_t lane) {
   gemm::RingPosition<kQueueSlots> queue;
@@ -504,11 +529,9 @@ __device__ void dispatch_fused(const FusedScheduler<Config>& s, uint32_t thread,
     gemm::wait_barrier<Config>(s.queue_full(queue.stage), queue.phase, watch, queue.stage);
     const uint32_t unit = *s.queue_slot(queue.stage);
     if (unit == gemm::kNoUnit) return;
-    const UnitRef ref = s.classify(unit);
-    if (ref.kind == UnitKind::send) run_send(s, ref.index, thread);
-    else run_pull(s, ref.index, thread, lane);
+    run_send(s, s.classify(unit).index, thread);
     DispatchSync{}();  // the table and the slot are free again
-    if (thread == 0) trace_event(s, TraceRole::dispatch, unit, ref.kind, TraceWhat::done);
+    if (thread == 0) trace_event(s, TraceRole::dispatch, unit, UnitKind::send, TraceWhat::done);
     if (thread == 0) cuda::ptx::mbarrier_arrive(s.queue_empty(queue.stage));
     queue.advance();
   }
@@ -673,6 +696,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       cuda::ptx::mbarrier_init(s.queue_full(slot), 1);
       cuda::ptx::mbarrier_init(s.queue_empty(slot), 1);
     }
+    for (uint32_t half = 0; half < 2; ++half) cuda::ptx::mbarrier_init(s.pull_loaded() + half, 1);
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // the pulls' barriers complete on TMA's bytes
   }
   wait_for_prior_kernels();
   allow_next_kernel();
