@@ -311,6 +311,9 @@ __device__ inline RowSource row_source(const DispatchArgs& a, const PoolSegments
   return {rank, token_topk, a.view.peers[rank]};
 }
 
+// Scale loads in flight per lane while pull_rows_bulk copies a batch's scales.
+inline constexpr uint32_t kBounceScaleLoads = 8;
+
 // A shared-memory area that bulk copies (TMA) pass pool rows through, in two halves: one half's
 // loads land while the other's stores drain. `loaded`: one mbarrier per half (arrival count 1);
 // `phases`: their parity bits, kept across calls.
@@ -379,15 +382,28 @@ __device__ inline void pull_rows_bulk(const DispatchArgs& a, const PoolSegments&
               reinterpret_cast<const float*>(source.buffer + a.layout.topk_weights.offset)[source.token_topk];
           pool_source[row] = PoolSource{source.rank, source.token_topk};
         }
-        for (uint32_t r = 0; scaled && r < batch.rows; ++r) {
-          const auto buffer = reinterpret_cast<const char*>(
-              __shfl_sync(0xFFFFFFFFu, reinterpret_cast<uintptr_t>(source.buffer), r));
-          const uint32_t token_r = __shfl_sync(0xFFFFFFFFu, token, r);
-          const float* source_scales =
-              reinterpret_cast<const float*>(buffer + a.layout.x_scales.offset) + uint64_t{token_r} * hidden_blocks;
-          // K-block-major, as pull_row writes them.
-          for (uint32_t kb = lane; kb < hidden_blocks; kb += 32)
-            pool_scales[uint64_t{kb} * a.layout.pool_rows + batch.first + r] = source_scales[kb];
+        if (scaled) {
+          // K-block-major, as pull_row writes them. Each lane's loads of a round are in flight before
+          // its stores: one round trip per round of the batch's scales, not one per row.
+          const uintptr_t row_scales = reinterpret_cast<uintptr_t>(source.buffer + a.layout.x_scales.offset) +
+                                       uint64_t{token} * hidden_blocks * sizeof(float);
+          const uint32_t total = batch.rows * hidden_blocks;
+          for (uint32_t base = 0; base < total; base += 32 * kBounceScaleLoads) {
+            float values[kBounceScaleLoads];
+#pragma unroll
+            for (uint32_t u = 0; u < kBounceScaleLoads; ++u) {
+              const uint32_t i = base + 32 * u + lane;
+              const uint32_t r = min(i / hidden_blocks, batch.rows - 1);
+              const auto from = reinterpret_cast<const float*>(__shfl_sync(0xFFFFFFFFu, row_scales, r));
+              values[u] = i < total ? from[i - r * hidden_blocks] : 0.0f;
+            }
+#pragma unroll
+            for (uint32_t u = 0; u < kBounceScaleLoads; ++u) {
+              const uint32_t i = base + 32 * u + lane;
+              const uint32_t r = i / hidden_blocks;
+              if (i < total) pool_scales[uint64_t{i - r * hidden_blocks} * a.layout.pool_rows + batch.first + r] = values[u];
+            }
+          }
         }
       }
     }
