@@ -83,11 +83,13 @@ TEST(FusedUnits, PlanSizesUnitsFromTheCall) {
   EXPECT_EQ(big.send_units, 131u);
   EXPECT_EQ(big.shared_l1_units, 64u * 16u);
   EXPECT_EQ(big.shared_l2_units, 64u * 28u);
-  EXPECT_EQ(big.pull_units, 512u);  // 65536 routes / 128 rows (under the cap of 4 per CTA)
-  EXPECT_EQ(make_unit_plan({16384, 8, 132, 128, 0, 0}).pull_units, 4u * 132u);  // capped
-  EXPECT_EQ(make_unit_plan({8, 8, 132, 16, 0, 0}).pull_units, 64u);      // a row each
-  EXPECT_EQ(make_unit_plan({128, 8, 132, 64, 0, 0}).pull_units, 132u);   // one per CTA, 8 rows each
-  EXPECT_EQ(make_unit_plan({2048, 8, 132, 128, 0, 0}).pull_units, 132u);  // 124 rows each
+  EXPECT_EQ(big.pull_units, 66u);  // with shared experts, one per CTA of half the grid
+  EXPECT_EQ(make_unit_plan({16384, 8, 132, 128, 0, 0}).pull_units, 132u);  // without, one per CTA
+  EXPECT_EQ(make_unit_plan({8, 8, 132, 16, 0, 0}).pull_units, 64u);        // a row each
+  EXPECT_EQ(make_unit_plan({8, 8, 132, 16, 16, 28}).pull_units, 64u);      // a row each: 64 of 66 CTAs
+  EXPECT_EQ(make_unit_plan({128, 8, 132, 64, 0, 0}).pull_units, 132u);     // one per CTA, 8 rows each
+  EXPECT_EQ(make_unit_plan({2048, 8, 132, 128, 16, 28}).pull_units, 66u);  // 248 rows each
+  EXPECT_EQ(make_unit_plan({2048, 8, 1, 128, 16, 28}).pull_units, 1u);     // a grid of one CTA
   EXPECT_EQ(big.tokens_per_combine, 32u);  // ceil(8192 / 264)
   EXPECT_EQ(big.combine_units, 256u);
   // One token: one of each, and the shared experts' tiles.

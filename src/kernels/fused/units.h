@@ -158,11 +158,10 @@ struct PlanShape {
 };
 
 // Send units: about one per CTA, so that copying the inputs spreads over the grid. Pull units: one
-// per CTA or about 128 rows each, whichever is more, but at least a row each (this rank's routes
-// stand in for what it receives), up to four per CTA, so that pulls complete expert by expert and L1
-// tiles start behind them. A pull is a chain of round trips that the weight streaming beside it
-// slows: at 8 tokens one unit of 64 rows took 417 us of a 636 us call (DeepSeek-V3, one H200).
-// Combine units: about two per CTA.
+// per pulling CTA (at least a row each; this rank's routes stand in for what it receives). A CTA's
+// producer runs its pulls before any of its GEMM units, so with shared experts only half the grid
+// pulls, and the other half's tensor cores run the shared experts' L1 tiles meanwhile; without them
+// there is nothing to overlap and every CTA pulls. Combine units: about two per CTA.
 inline UnitPlan make_unit_plan(const PlanShape& s) {
   const auto div_up = [](uint64_t a, uint64_t b) { return static_cast<uint32_t>((a + b - 1) / b); };
   const auto clamp = [](uint32_t v, uint32_t lo, uint32_t hi) { return v < lo ? lo : v > hi ? hi : v; };
@@ -174,8 +173,8 @@ inline UnitPlan make_unit_plan(const PlanShape& s) {
   plan.shared_l1_units = token_tiles * s.shared_l1_m_tiles;
   plan.shared_l2_units = token_tiles * s.shared_l2_m_tiles;
   const uint64_t routes = uint64_t{s.num_tokens} * s.top_k;
-  const uint32_t spread = routes < grid ? static_cast<uint32_t>(routes) : grid;
-  plan.pull_units = clamp(div_up(routes, 128), spread > 1 ? spread : 1, 4 * grid);
+  const uint32_t pulling = s.shared_l1_m_tiles > 0 && grid > 1 ? grid / 2 : grid;
+  plan.pull_units = routes < pulling ? (routes > 1 ? static_cast<uint32_t>(routes) : 1) : pulling;
   plan.tokens_per_combine = clamp(div_up(s.num_tokens, 2 * grid), 1, ~0u);
   plan.combine_units = div_up(s.num_tokens, plan.tokens_per_combine);
   return plan;
