@@ -83,19 +83,29 @@ TEST(FusedUnits, PlanSizesUnitsFromTheCall) {
   EXPECT_EQ(big.send_units, 131u);
   EXPECT_EQ(big.shared_l1_units, 64u * 16u);
   EXPECT_EQ(big.shared_l2_units, 64u * 28u);
-  EXPECT_EQ(big.pull_units, 66u);  // with shared experts, one per CTA of half the grid
-  EXPECT_EQ(make_unit_plan({16384, 8, 132, 128, 0, 0}).pull_units, 132u);  // without, one per CTA
-  EXPECT_EQ(make_unit_plan({8, 8, 132, 16, 0, 0}).pull_units, 64u);        // a row each
-  EXPECT_EQ(make_unit_plan({8, 8, 132, 16, 16, 28}).pull_units, 64u);      // a row each: 64 of 66 CTAs
-  EXPECT_EQ(make_unit_plan({128, 8, 132, 64, 0, 0}).pull_units, 132u);     // one per CTA, 8 rows each
-  EXPECT_EQ(make_unit_plan({2048, 8, 132, 128, 16, 28}).pull_units, 66u);  // 248 rows each
-  EXPECT_EQ(make_unit_plan({2048, 8, 1, 128, 16, 28}).pull_units, 1u);     // a grid of one CTA
+  // Bulk pulls: with shared experts one unit per CTA of half the grid, without them one per CTA.
+  EXPECT_TRUE(big.bulk_pulls);
+  EXPECT_EQ(big.pull_units, 66u);
+  EXPECT_EQ(make_unit_plan({16384, 8, 132, 128, 0, 0}).pull_units, 132u);
+  const UnitPlan prefill = make_unit_plan({2048, 8, 132, 128, 16, 28});  // 248 rows each
+  EXPECT_TRUE(prefill.bulk_pulls);
+  EXPECT_EQ(prefill.pull_units, 66u);
+  EXPECT_TRUE(make_unit_plan({264, 8, 132, 128, 16, 28}).bulk_pulls);    // 32 rows per pulling CTA
+  EXPECT_FALSE(make_unit_plan({263, 8, 132, 128, 16, 28}).bulk_pulls);   // fewer
+  EXPECT_EQ(make_unit_plan({2048, 8, 1, 128, 16, 28}).pull_units, 1u);  // a grid of one CTA
+  // The dispatch warps' pulls: one per CTA or 128 rows each, at least a row each, up to four per CTA.
+  EXPECT_FALSE(make_unit_plan({8, 8, 132, 16, 16, 28}).bulk_pulls);
+  EXPECT_EQ(make_unit_plan({8, 8, 132, 16, 0, 0}).pull_units, 64u);      // a row each
+  EXPECT_EQ(make_unit_plan({128, 8, 132, 64, 0, 0}).pull_units, 132u);   // one per CTA, 8 rows each
+  EXPECT_EQ(make_unit_plan({128, 8, 132, 64, 16, 28}).pull_units, 132u);
+  EXPECT_EQ(make_unit_plan({520, 8, 132, 128, 0, 0}).pull_units, 132u);  // 4160 routes: 31.5 rows each
   EXPECT_EQ(big.tokens_per_combine, 32u);  // ceil(8192 / 264)
   EXPECT_EQ(big.combine_units, 256u);
   // One token: one of each, and the shared experts' tiles.
   const UnitPlan one = make_unit_plan({1, 8, 132, 16, 16, 28});
   EXPECT_EQ(one.send_units, 1u);
   EXPECT_EQ(one.pull_units, 8u);  // a row each, on eight CTAs
+  EXPECT_FALSE(one.bulk_pulls);
   EXPECT_EQ(one.shared_l1_units, 16u);
   EXPECT_EQ(one.combine_units, 1u);
   // No tokens: still one send unit (it publishes the counts) and one pull unit (rows may arrive).

@@ -1,21 +1,22 @@
 // The fused schedule: the whole layer in one persistent launch per call and rank (units.h says in
 // which order its CTAs claim the work). Each CTA has the grouped GEMM's warp roles (grouped_gemm.cuh)
 // and dispatch warps:
-//   - the producer warp claims units in order. Pull units it runs itself, with bulk copies through
-//     the ring's shared memory, which is free until its first GEMM unit (pulls come before every
-//     GEMM unit in the claim order). A GEMM unit's stages are loaded once what they read is ready
-//     (the rows of its expert pulled, or the L1 tiles of its token tile done); send units go to
-//     the dispatch warps through a small queue; the first combine unit (or the end) ends its walk
-//     and is handed to the math warps with the ring's last stage;
-//   - the dispatch warps (the producer warpgroup's other three) run send units with the staged
-//     schedule's dispatch functions, while the math warps run GEMMs;
+//   - the producer warp claims units in order. A GEMM unit's stages are loaded once what they read is
+//     ready (the rows of its expert pulled, or the L1 tiles of its token tile done); send units, and
+//     at decode pull units (units.h), go to the dispatch warps through a small queue; in prefill it
+//     runs the pull units itself, with bulk copies through the ring's shared memory, which is free
+//     until its first GEMM unit (pulls come before every GEMM unit in the claim order); the first
+//     combine unit (or the end) ends its walk and is handed to the math warps with the ring's last
+//     stage;
+//   - the dispatch warps (the producer warpgroup's other three) run send units, and decode's pull
+//     units, with the staged schedule's dispatch functions, while the math warps run GEMMs;
 //   - the math warpgroups run GEMM units through the same mainloop and epilogues as the staged
 //     schedule, then claim and run the combine units themselves;
 //   - with packed weights in prefill tiles, the converter warpgroup expands the GEMM units' weight tiles.
 // The math warps' loop holds nothing but GEMMs: with dispatch code in it, values hoisted out of the
 // loop held registers through the mainloop, which then spilled (a loop of pulls before it did too).
-// The pulls went through the dispatch warps' 40 registers before: about 6 KB in flight per SM, and
-// prefill rows at about 125 GB/s (docs/fused.md).
+// The dispatch warps' 40 registers keep about 6 KB per SM in flight: prefill rows moved at about
+// 125 GB/s that way (docs/fused.md).
 // Readiness counters (layout.h, FusedCounters) are released after the writes they cover and acquired
 // before the TMA loads that read them (with proxy fences: the writes are generic, the loads async).
 // The last CTA to finish resets every counter for the next call.
@@ -54,9 +55,10 @@ __device__ __forceinline__ bool is_first_linear(UnitKind kind) {
   return kind == UnitKind::routed_l1 || kind == UnitKind::shared_l1;
 }
 
-// The dispatch warps' table: a send unit's counts per global expert.
-inline constexpr uint32_t kDispatchTableEntries = kMaxExperts + 1;
-// Send units come in bursts: the queue holds them, so that the producer goes on to the units behind.
+// The dispatch warps' table: a send unit's counts per global expert, or a pull unit's segments.
+inline constexpr uint32_t kDispatchTableEntries = (kMaxExperts > kMaxSegments ? kMaxExperts : kMaxSegments) + 1;
+// Send and pull units come in bursts (up to four pull units per CTA): the queue holds them all, so the
+// producer goes on to the GEMM units behind them.
 inline constexpr uint32_t kQueueSlots = 16;
 // The producer's pulls use the ring's stages (weights, tokens, scales; not the packed weights' area,
 // whose shifts init_pipeline set): the pool's segments first, then the bulk copies' bounce area.
@@ -371,7 +373,7 @@ __device__ void push_dispatch(const FusedScheduler<Config>& s, gemm::RingPositio
   queue.advance();
 }
 
-// A pull unit, by the producer warp (all lanes): its share of the received rows into the pool, each
+// A pull unit (bulk_pulls), by the producer warp (all lanes): its share of the received rows into the pool, each
 // row counted for its expert once it is there. The pool's segments are built at the CTA's first
 // pull unit, once every rank's counts are in. False after a timeout.
 template <class Config>
@@ -428,12 +430,12 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
     }
     const UnitRef ref = s.classify(unit);
     if (lane == 0) trace_event(s, TraceRole::producer, unit, ref.kind, TraceWhat::claimed);
-    if (ref.kind == UnitKind::send) {
+    if (ref.kind == UnitKind::send || (ref.kind == UnitKind::pull && !s.plan().bulk_pulls)) {
       if (lane == 0) push_dispatch(s, queue, unit);
       continue;
     }
-    // Send units come first: past them the dispatch warps are done, and wait at the CTA's end instead
-    // of polling their queue through the call.
+    // Send and pull units come first: past them the dispatch warps are done, and wait at the CTA's
+    // end instead of polling their queue through the call.
     if (dispatch_open) {
       if (lane == 0) push_dispatch(s, queue, gemm::kNoUnit);
       dispatch_open = false;
@@ -495,6 +497,9 @@ __device__ void convert_fused(FusedScheduler<Config>& s, uint32_t thread, uint32
   }
 }
 
+// Pull rows in flight per lane of the dispatch warps (their 40 registers hold four 16-byte vectors).
+inline constexpr int kDispatchPullUnroll = 4;
+
 // A send unit: this unit's tokens' inputs into the buffer, their routes counted and scattered; the
 // last one to finish sends the counts and arrives on the cross-rank barrier.
 template <class Config>
@@ -520,7 +525,35 @@ __device__ void run_send(const FusedScheduler<Config>& s, uint32_t index, uint32
   if (thread == 0) device::rank_arrive(s.view(), s.control(), s.epoch(1));
 }
 
-// The dispatch warps: run the send units the producer hands them, in order.
+// A pull unit (at decode), by the dispatch warps: its share of the received rows into the pool, each
+// row counted for its expert.
+template <class Config>
+__device__ void run_dispatch_pull(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread, uint32_t lane) {
+  const dispatch::DispatchArgs& a = s.params.dispatch;
+  if (!group_flag(s.words(FusedTables::kDispatchFlag), thread, DispatchSync{},
+                  [&] { return device::rank_wait(s.view(), s.control(), s.epoch(1)); }))
+    return;
+  uint32_t* segment_begin = s.dispatch_table();
+  dispatch::build_segments(a, segment_begin, thread, kDispatchThreads, DispatchSync{}, index == 0);
+  const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
+  const dispatch::PoolSegments segments{segment_begin, a.layout.experts_per_rank * num_ranks, num_ranks};
+  const TokenRange rows = pull_rows(index, s.plan().pull_units, segment_begin[segments.num_segments]);
+  uint32_t* rows_pulled = s.counters().rows_pulled;
+  constexpr uint32_t kWarps = kDispatchThreads / 32;
+  for (uint32_t row = rows.begin + thread / 32; row < rows.end; row += kWarps) {
+    dispatch::pull_row<kDispatchPullUnroll>(a, segments, row, lane);
+    // The L1 tiles read the row through the async proxy once its expert's count is complete. The
+    // warp's stores are ordered before lane 0's release by the warp barrier.
+    __syncwarp();
+    if (lane == 0) {
+      cuda::ptx::fence_proxy_async();
+      cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(rows_pulled[segments.find(row) / num_ranks])
+          .fetch_add(1, cuda::memory_order_release);
+    }
+  }
+}
+
+// The dispatch warps: run the send and pull units the producer hands them, in order.
 template <class Config>
 __device__ void dispatch_fused(const FusedScheduler<Config>& s, uint32_t thread, uint32_t lane) {
   gemm::RingPosition<kQueueSlots> queue;
@@ -529,9 +562,11 @@ __device__ void dispatch_fused(const FusedScheduler<Config>& s, uint32_t thread,
     gemm::wait_barrier<Config>(s.queue_full(queue.stage), queue.phase, watch, queue.stage);
     const uint32_t unit = *s.queue_slot(queue.stage);
     if (unit == gemm::kNoUnit) return;
-    run_send(s, s.classify(unit).index, thread);
+    const UnitRef ref = s.classify(unit);
+    if (ref.kind == UnitKind::send) run_send(s, ref.index, thread);
+    else run_dispatch_pull(s, ref.index, thread, lane);
     DispatchSync{}();  // the table and the slot are free again
-    if (thread == 0) trace_event(s, TraceRole::dispatch, unit, UnitKind::send, TraceWhat::done);
+    if (thread == 0) trace_event(s, TraceRole::dispatch, unit, ref.kind, TraceWhat::done);
     if (thread == 0) cuda::ptx::mbarrier_arrive(s.queue_empty(queue.stage));
     queue.advance();
   }

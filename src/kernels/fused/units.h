@@ -47,6 +47,7 @@ struct UnitPlan {
   uint32_t tokens_per_send = 1;
   uint32_t shared_l1_units = 0;
   uint32_t pull_units = 1;  // this rank receives rows whatever its own token count
+  bool bulk_pulls = false;  // by the producer with bulk copies, or by the dispatch warps
   uint32_t shared_l2_units = 0;
   uint32_t combine_units = 0;
   uint32_t tokens_per_combine = 1;
@@ -157,11 +158,17 @@ struct PlanShape {
   uint32_t shared_l2_m_tiles;
 };
 
-// Send units: about one per CTA, so that copying the inputs spreads over the grid. Pull units: one
-// per pulling CTA (at least a row each; this rank's routes stand in for what it receives). A CTA's
-// producer runs its pulls before any of its GEMM units, so with shared experts only half the grid
-// pulls, and the other half's tensor cores run the shared experts' L1 tiles meanwhile; without them
-// there is nothing to overlap and every CTA pulls. Combine units: about two per CTA.
+// Send units: about one per CTA, so that copying the inputs spreads over the grid. Pull units, by
+// the rows each pulling CTA would get (this rank's routes stand in for what it receives):
+//   - fewer than kBulkPullRows: the dispatch warps pull with their registers while the CTA goes on to
+//     its GEMM units; one unit per CTA or about 128 rows each, at least a row each, up to four per
+//     CTA. At decode a pull is a chain of round trips: at 8 tokens one unit of 64 rows took 417 us of
+//     a 636 us call (DeepSeek-V3, one H200);
+//   - more: the producer pulls with bulk copies before the CTA's first GEMM unit (bulk_pulls), one
+//     unit per pulling CTA. With shared experts only half the grid pulls, and the other half's tensor
+//     cores run the shared experts' L1 tiles meanwhile; without them every CTA pulls.
+// Combine units: about two per CTA.
+inline constexpr uint32_t kBulkPullRows = 32;
 inline UnitPlan make_unit_plan(const PlanShape& s) {
   const auto div_up = [](uint64_t a, uint64_t b) { return static_cast<uint32_t>((a + b - 1) / b); };
   const auto clamp = [](uint32_t v, uint32_t lo, uint32_t hi) { return v < lo ? lo : v > hi ? hi : v; };
@@ -174,7 +181,9 @@ inline UnitPlan make_unit_plan(const PlanShape& s) {
   plan.shared_l2_units = token_tiles * s.shared_l2_m_tiles;
   const uint64_t routes = uint64_t{s.num_tokens} * s.top_k;
   const uint32_t pulling = s.shared_l1_m_tiles > 0 && grid > 1 ? grid / 2 : grid;
-  plan.pull_units = routes < pulling ? (routes > 1 ? static_cast<uint32_t>(routes) : 1) : pulling;
+  plan.bulk_pulls = routes >= uint64_t{kBulkPullRows} * pulling;
+  const uint32_t spread = routes < grid ? static_cast<uint32_t>(routes) : grid;
+  plan.pull_units = plan.bulk_pulls ? pulling : clamp(div_up(routes, 128), spread > 1 ? spread : 1, 4 * grid);
   plan.tokens_per_combine = clamp(div_up(s.num_tokens, 2 * grid), 1, ~0u);
   plan.combine_units = div_up(s.num_tokens, plan.tokens_per_combine);
   return plan;
