@@ -83,22 +83,29 @@ TEST(FusedUnits, PlanSizesUnitsFromTheCall) {
   EXPECT_EQ(big.send_units, 131u);
   EXPECT_EQ(big.shared_l1_units, 64u * 16u);
   EXPECT_EQ(big.shared_l2_units, 64u * 28u);
-  // Bulk pulls: with shared experts one unit per CTA of half the grid, without them one per CTA.
-  EXPECT_TRUE(big.bulk_pulls);
-  EXPECT_EQ(big.pull_units, 66u);
-  EXPECT_EQ(make_unit_plan({16384, 8, 132, 128, 0, 0}).pull_units, 132u);
-  const UnitPlan prefill = make_unit_plan({2048, 8, 132, 128, 16, 28});  // 248 rows each
+  // Past 256 rows per CTA with shared experts the dispatch warps pull beside their L1 tiles: up to
+  // four units per CTA of 128 rows.
+  EXPECT_FALSE(big.bulk_pulls);
+  EXPECT_EQ(big.pull_units, 512u);
+  // Bulk pulls by the producers: one unit per CTA, from 32 rows per CTA on (up to 256 with shared
+  // experts, without a bound without them).
+  const UnitPlan prefill = make_unit_plan({2048, 8, 132, 128, 16, 28});  // 124 rows per CTA
   EXPECT_TRUE(prefill.bulk_pulls);
-  EXPECT_EQ(prefill.pull_units, 66u);
-  EXPECT_TRUE(make_unit_plan({264, 8, 132, 128, 16, 28}).bulk_pulls);    // 32 rows per pulling CTA
-  EXPECT_FALSE(make_unit_plan({263, 8, 132, 128, 16, 28}).bulk_pulls);   // fewer
-  EXPECT_EQ(make_unit_plan({2048, 8, 1, 128, 16, 28}).pull_units, 1u);  // a grid of one CTA
+  EXPECT_EQ(prefill.pull_units, 132u);
+  const UnitPlan no_shared = make_unit_plan({16384, 8, 132, 128, 0, 0});
+  EXPECT_TRUE(no_shared.bulk_pulls);
+  EXPECT_EQ(no_shared.pull_units, 132u);
+  EXPECT_TRUE(make_unit_plan({528, 8, 132, 128, 16, 28}).bulk_pulls);    // 32 rows per CTA
+  EXPECT_FALSE(make_unit_plan({527, 8, 132, 128, 16, 28}).bulk_pulls);   // 31
+  EXPECT_TRUE(make_unit_plan({4240, 8, 132, 128, 16, 28}).bulk_pulls);   // 256
+  EXPECT_TRUE(make_unit_plan({8192, 8, 132, 128, 0, 0}).bulk_pulls);     // 496, no shared experts
+  EXPECT_FALSE(make_unit_plan({4257, 8, 132, 128, 16, 28}).bulk_pulls);  // 258
+  EXPECT_EQ(make_unit_plan({2048, 8, 1, 128, 16, 28}).pull_units, 4u);  // a grid of one CTA: 16384 rows
   // The dispatch warps' pulls: one per CTA or 128 rows each, at least a row each, up to four per CTA.
   EXPECT_FALSE(make_unit_plan({8, 8, 132, 16, 16, 28}).bulk_pulls);
   EXPECT_EQ(make_unit_plan({8, 8, 132, 16, 0, 0}).pull_units, 64u);      // a row each
   EXPECT_EQ(make_unit_plan({128, 8, 132, 64, 0, 0}).pull_units, 132u);   // one per CTA, 8 rows each
   EXPECT_EQ(make_unit_plan({128, 8, 132, 64, 16, 28}).pull_units, 132u);
-  EXPECT_EQ(make_unit_plan({520, 8, 132, 128, 0, 0}).pull_units, 132u);  // 4160 routes: 31.5 rows each
   EXPECT_EQ(big.tokens_per_combine, 32u);  // ceil(8192 / 264)
   EXPECT_EQ(big.combine_units, 256u);
   // One token: one of each, and the shared experts' tiles.

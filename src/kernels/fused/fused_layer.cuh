@@ -88,7 +88,8 @@ struct FusedTables {
   static constexpr uint32_t kLastFlag = kMathFlag + 1;
   static constexpr uint32_t kTraceCounts = kLastFlag + 1;  // [kTraceRoles]: events logged per role
   static constexpr uint32_t kSplits = kTraceCounts + 3;     // RoutedSplits
-  static constexpr uint32_t kWords = kSplits + 6;
+  static constexpr uint32_t kPullState = kSplits + 6;       // the producer's pulls: phases, segments built
+  static constexpr uint32_t kWords = kPullState + 2;
 };
 
 // Where the math warps count their tiles done, in shared memory: computed from the parameters inside
@@ -161,10 +162,10 @@ struct FusedScheduler {
   }
   __device__ uint64_t* pull_loaded() const { return reinterpret_cast<uint64_t*>(words(FusedTables::kPullLoaded)); }
   __device__ uint32_t* pull_segments() const { return reinterpret_cast<uint32_t*>(smem.base); }
-  __device__ dispatch::BounceArea pull_bounce() const {
-    static_assert(kPullAreaBytes<Config> >= kPullSegmentBytes + 2 * 1024, "the pulls' bounce area");
-    return {smem.base + kPullSegmentBytes, kPullAreaBytes<Config> - kPullSegmentBytes, pull_loaded(), 0};
-  }
+  // The producer's pulls keep their state here, not in registers: held through the producer's loop,
+  // it made the GEMM units' issue spill.
+  __device__ uint32_t* pull_phases() const { return words(FusedTables::kPullState); }
+  __device__ uint32_t* pull_segments_built() const { return words(FusedTables::kPullState + 1); }
   __device__ SignalTargets* signal_targets() const {
     return reinterpret_cast<SignalTargets*>(words(FusedTables::kSignals));
   }
@@ -377,21 +378,25 @@ __device__ void push_dispatch(const FusedScheduler<Config>& s, gemm::RingPositio
 // row counted for its expert once it is there. The pool's segments are built at the CTA's first
 // pull unit, once every rank's counts are in. False after a timeout.
 template <class Config>
-__device__ bool run_pull(const FusedScheduler<Config>& s, uint32_t index, uint32_t lane, dispatch::BounceArea& bounce,
-                         bool& segments_built) {
+__device__ bool run_pull(const FusedScheduler<Config>& s, uint32_t index, uint32_t lane) {
   const dispatch::DispatchArgs& a = s.params.dispatch;
   uint32_t* segment_begin = s.pull_segments();
   const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
   const dispatch::PoolSegments segments{segment_begin, a.layout.experts_per_rank * num_ranks, num_ranks};
-  if (!segments_built) {
+  if (*s.pull_segments_built() == 0) {
     const bool counts_in = lane == 0 ? device::rank_wait(s.view(), s.control(), s.epoch(1)) : true;
     if (!__shfl_sync(0xFFFFFFFFu, counts_in, 0)) return false;
     dispatch::build_segments(a, segment_begin, lane, 32, [] { __syncwarp(); }, index == 0);
-    segments_built = true;
+    __syncwarp();
+    if (lane == 0) *s.pull_segments_built() = 1;
+    __syncwarp();
   }
   const TokenRange rows = pull_rows(index, s.plan().pull_units, segment_begin[segments.num_segments]);
   uint32_t* rows_pulled = s.counters().rows_pulled;
   // The L1 tiles read the rows through the async proxy once their expert's count is complete.
+  static_assert(kPullAreaBytes<Config> >= kPullSegmentBytes + 2 * 1024, "the pulls' bounce area");
+  dispatch::BounceArea bounce{s.smem.base + kPullSegmentBytes, kPullAreaBytes<Config> - kPullSegmentBytes,
+                              s.pull_loaded(), *s.pull_phases()};
   dispatch::pull_rows_bulk(a, segments, rows.begin, rows.end, bounce, lane, [&](uint32_t first, uint32_t count) {
     for (uint32_t row = first; row < first + count;) {
       const uint32_t segment = segments.find(row);
@@ -403,6 +408,8 @@ __device__ bool run_pull(const FusedScheduler<Config>& s, uint32_t index, uint32
       row += rows_of_expert;
     }
   });
+  if (lane == 0) *s.pull_phases() = bounce.phases;  // lane 0 waited on the halves
+  __syncwarp();
   return true;
 }
 
@@ -416,8 +423,6 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
   const gemm::PipelineWatch& watch = params.l1[0].args.watch;
   uint32_t handed_over = gemm::kNoUnit;
   bool dispatch_open = true;
-  dispatch::BounceArea bounce = s.pull_bounce();
-  bool segments_built = false;
   for (;;) {
     uint32_t unit = lane == 0 ? s.claim() : 0;
     unit = __shfl_sync(0xFFFFFFFFu, unit, 0);
@@ -441,7 +446,7 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
       dispatch_open = false;
     }
     if (ref.kind == UnitKind::pull) {
-      if (!run_pull(s, ref.index, lane, bounce, segments_built)) break;
+      if (!run_pull(s, ref.index, lane)) break;
       if (lane == 0) trace_event(s, TraceRole::producer, unit, ref.kind, TraceWhat::done);
       continue;
     }
@@ -732,6 +737,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       cuda::ptx::mbarrier_init(s.queue_empty(slot), 1);
     }
     for (uint32_t half = 0; half < 2; ++half) cuda::ptx::mbarrier_init(s.pull_loaded() + half, 1);
+    *s.pull_phases() = 0;
+    *s.pull_segments_built() = 0;
     cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // the pulls' barriers complete on TMA's bytes
   }
   wait_for_prior_kernels();

@@ -159,16 +159,20 @@ struct PlanShape {
 };
 
 // Send units: about one per CTA, so that copying the inputs spreads over the grid. Pull units, by
-// the rows each pulling CTA would get (this rank's routes stand in for what it receives):
-//   - fewer than kBulkPullRows: the dispatch warps pull with their registers while the CTA goes on to
-//     its GEMM units; one unit per CTA or about 128 rows each, at least a row each, up to four per
-//     CTA. At decode a pull is a chain of round trips: at 8 tokens one unit of 64 rows took 417 us of
-//     a 636 us call (DeepSeek-V3, one H200);
-//   - more: the producer pulls with bulk copies before the CTA's first GEMM unit (bulk_pulls), one
-//     unit per pulling CTA. With shared experts only half the grid pulls, and the other half's tensor
-//     cores run the shared experts' L1 tiles meanwhile; without them every CTA pulls.
+// the rows per CTA (this rank's routes stand in for what it receives):
+//   - the producer pulls with bulk copies (bulk_pulls), one unit per CTA, before the CTA's first GEMM
+//     unit, from kBulkPullRows rows per CTA on; with shared experts only up to kBulkPullRowsBesideShared.
+//     Measured on one H200 (graph, against the dispatch warps' pulls): qwen3-235b-a22b at 2048 tokens
+//     0.90x the time, gpt-oss-120b at 8192 0.96x, DeepSeek-V3 at 2048 0.97x; but DeepSeek-V3 at 8192
+//     1.03x (the dispatch warps' slow pulls run beside the shared experts' L1 tiles, the bulk pulls
+//     ahead of every GEMM unit) and 1.01x at 512 (31 rows per CTA);
+//   - otherwise the dispatch warps pull with their registers while the CTA goes on to its GEMM
+//     units: one unit per CTA or about 128 rows each, at least a row each, up to four per CTA. At
+//     decode a pull is a chain of round trips: at 8 tokens one unit of 64 rows took 417 us of a
+//     636 us call (DeepSeek-V3, one H200).
 // Combine units: about two per CTA.
 inline constexpr uint32_t kBulkPullRows = 32;
+inline constexpr uint32_t kBulkPullRowsBesideShared = 256;
 inline UnitPlan make_unit_plan(const PlanShape& s) {
   const auto div_up = [](uint64_t a, uint64_t b) { return static_cast<uint32_t>((a + b - 1) / b); };
   const auto clamp = [](uint32_t v, uint32_t lo, uint32_t hi) { return v < lo ? lo : v > hi ? hi : v; };
@@ -180,10 +184,10 @@ inline UnitPlan make_unit_plan(const PlanShape& s) {
   plan.shared_l1_units = token_tiles * s.shared_l1_m_tiles;
   plan.shared_l2_units = token_tiles * s.shared_l2_m_tiles;
   const uint64_t routes = uint64_t{s.num_tokens} * s.top_k;
-  const uint32_t pulling = s.shared_l1_m_tiles > 0 && grid > 1 ? grid / 2 : grid;
-  plan.bulk_pulls = routes >= uint64_t{kBulkPullRows} * pulling;
+  const uint64_t rows_per_cta = routes / grid;
+  plan.bulk_pulls = rows_per_cta >= kBulkPullRows && (s.shared_l1_m_tiles == 0 || rows_per_cta <= kBulkPullRowsBesideShared);
   const uint32_t spread = routes < grid ? static_cast<uint32_t>(routes) : grid;
-  plan.pull_units = plan.bulk_pulls ? pulling : clamp(div_up(routes, 128), spread > 1 ? spread : 1, 4 * grid);
+  plan.pull_units = plan.bulk_pulls ? grid : clamp(div_up(routes, 128), spread > 1 ? spread : 1, 4 * grid);
   plan.tokens_per_combine = clamp(div_up(s.num_tokens, 2 * grid), 1, ~0u);
   plan.combine_units = div_up(s.num_tokens, plan.tokens_per_combine);
   return plan;
