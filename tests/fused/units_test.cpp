@@ -78,7 +78,7 @@ TEST(FusedUnits, TokenAndRowRangesCoverEverythingOnce) {
 
 TEST(FusedUnits, PlanSizesUnitsFromTheCall) {
   // DeepSeek-V3's shape at 8192 tokens, 132 CTAs, 128-token tiles, one shared expert.
-  const UnitPlan big = make_unit_plan({8192, 8, 132, 128, 2048 * 2 / 256, 7168 / 256});
+  const UnitPlan big = make_unit_plan({8192, 8, 132, 128, 2048 * 2 / 256, 7168 / 256, true});
   EXPECT_EQ(big.tokens_per_send, 63u);  // ceil(8192 / 132)
   EXPECT_EQ(big.send_units, 131u);
   EXPECT_EQ(big.shared_l1_units, 64u * 16u);
@@ -89,18 +89,21 @@ TEST(FusedUnits, PlanSizesUnitsFromTheCall) {
   EXPECT_EQ(big.pull_units, 512u);
   // Bulk pulls by the producers: one unit per CTA, from 32 rows per CTA on (up to 256 with shared
   // experts, without a bound without them).
-  const UnitPlan prefill = make_unit_plan({2048, 8, 132, 128, 16, 28});  // 124 rows per CTA
+  const UnitPlan prefill = make_unit_plan({2048, 8, 132, 128, 16, 28, true});  // 124 rows per CTA
   EXPECT_TRUE(prefill.bulk_pulls);
   EXPECT_EQ(prefill.pull_units, 132u);
-  const UnitPlan no_shared = make_unit_plan({16384, 8, 132, 128, 0, 0});
+  const UnitPlan no_shared = make_unit_plan({16384, 8, 132, 128, 0, 0, true});
   EXPECT_TRUE(no_shared.bulk_pulls);
   EXPECT_EQ(no_shared.pull_units, 132u);
-  EXPECT_TRUE(make_unit_plan({528, 8, 132, 128, 16, 28}).bulk_pulls);    // 32 rows per CTA
-  EXPECT_FALSE(make_unit_plan({527, 8, 132, 128, 16, 28}).bulk_pulls);   // 31
-  EXPECT_TRUE(make_unit_plan({4240, 8, 132, 128, 16, 28}).bulk_pulls);   // 256
-  EXPECT_TRUE(make_unit_plan({8192, 8, 132, 128, 0, 0}).bulk_pulls);     // 496, no shared experts
-  EXPECT_FALSE(make_unit_plan({4257, 8, 132, 128, 16, 28}).bulk_pulls);  // 258
-  EXPECT_EQ(make_unit_plan({2048, 8, 1, 128, 16, 28}).pull_units, 4u);  // a grid of one CTA: 16384 rows
+  EXPECT_TRUE(make_unit_plan({528, 8, 132, 128, 16, 28, true}).bulk_pulls);    // 32 rows per CTA
+  EXPECT_FALSE(make_unit_plan({527, 8, 132, 128, 16, 28, true}).bulk_pulls);   // 31
+  EXPECT_TRUE(make_unit_plan({4240, 8, 132, 128, 16, 28, true}).bulk_pulls);   // 256
+  EXPECT_TRUE(make_unit_plan({8192, 8, 132, 128, 0, 0, true}).bulk_pulls);     // 496, no shared experts
+  EXPECT_FALSE(make_unit_plan({4257, 8, 132, 128, 16, 28, true}).bulk_pulls);  // 258
+  EXPECT_EQ(make_unit_plan({2048, 8, 1, 128, 16, 28, true}).pull_units, 4u);  // a grid of one CTA: 16384 rows
+  // Decode tiles' kernels have no bulk pulls, whatever the rows.
+  EXPECT_FALSE(make_unit_plan({16384, 8, 132, 64, 0, 0, false}).bulk_pulls);
+  EXPECT_EQ(make_unit_plan({16384, 8, 132, 64, 0, 0, false}).pull_units, 4u * 132u);
   // The dispatch warps' pulls: one per CTA or 128 rows each, at least a row each, up to four per CTA.
   EXPECT_FALSE(make_unit_plan({8, 8, 132, 16, 16, 28}).bulk_pulls);
   EXPECT_EQ(make_unit_plan({8, 8, 132, 16, 0, 0}).pull_units, 64u);      // a row each

@@ -435,7 +435,10 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
     }
     const UnitRef ref = s.classify(unit);
     if (lane == 0) trace_event(s, TraceRole::producer, unit, ref.kind, TraceWhat::claimed);
-    if (ref.kind == UnitKind::send || (ref.kind == UnitKind::pull && !s.plan().bulk_pulls)) {
+    // The bulk pulls are compiled into the prefill config only (units.h): the decode kernels spilled
+    // with them.
+    constexpr bool kBulkPulls = Config::kLayout == gemm::TileLayout::tokens_on_m;
+    if (ref.kind == UnitKind::send || (ref.kind == UnitKind::pull && !(kBulkPulls && s.plan().bulk_pulls))) {
       if (lane == 0) push_dispatch(s, queue, unit);
       continue;
     }
@@ -445,10 +448,12 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
       if (lane == 0) push_dispatch(s, queue, gemm::kNoUnit);
       dispatch_open = false;
     }
-    if (ref.kind == UnitKind::pull) {
-      if (!run_pull(s, ref.index, lane)) break;
-      if (lane == 0) trace_event(s, TraceRole::producer, unit, ref.kind, TraceWhat::done);
-      continue;
+    if constexpr (kBulkPulls) {
+      if (ref.kind == UnitKind::pull) {
+        if (!run_pull(s, ref.index, lane)) break;
+        if (lane == 0) trace_event(s, TraceRole::producer, unit, ref.kind, TraceWhat::done);
+        continue;
+      }
     }
     if (!is_gemm(ref.kind)) {
       handed_over = kEndBit | unit;

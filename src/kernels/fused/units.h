@@ -156,12 +156,16 @@ struct PlanShape {
   uint32_t block_n;          // tokens per GEMM token tile
   uint32_t shared_l1_m_tiles;  // 0 without shared experts
   uint32_t shared_l2_m_tiles;
+  bool tokens_on_m = false;  // the tile layout: only its kernel has the producer's bulk pulls
 };
 
 // Send units: about one per CTA, so that copying the inputs spreads over the grid. Pull units, by
 // the rows per CTA (this rank's routes stand in for what it receives):
 //   - the producer pulls with bulk copies (bulk_pulls), one unit per CTA, before the CTA's first GEMM
-//     unit, from kBulkPullRows rows per CTA on; with shared experts only up to kBulkPullRowsBesideShared.
+//     unit, from kBulkPullRows rows per CTA on; with shared experts only up to kBulkPullRowsBesideShared;
+//     prefill (tokens_on_m) tiles only: compiled into the decode kernels, the bulk pull's code spilled
+//     in their producer and dispatch warps (about 180 more spill instructions) and those rows measured
+//     0.4-3% slower;
 //     Measured on one H200 (graph, against the dispatch warps' pulls): qwen3-235b-a22b at 2048 tokens
 //     0.90x the time, gpt-oss-120b at 8192 0.96x, DeepSeek-V3 at 2048 0.97x; but DeepSeek-V3 at 8192
 //     1.03x (the dispatch warps' slow pulls run beside the shared experts' L1 tiles, the bulk pulls
@@ -185,7 +189,8 @@ inline UnitPlan make_unit_plan(const PlanShape& s) {
   plan.shared_l2_units = token_tiles * s.shared_l2_m_tiles;
   const uint64_t routes = uint64_t{s.num_tokens} * s.top_k;
   const uint64_t rows_per_cta = routes / grid;
-  plan.bulk_pulls = rows_per_cta >= kBulkPullRows && (s.shared_l1_m_tiles == 0 || rows_per_cta <= kBulkPullRowsBesideShared);
+  plan.bulk_pulls = s.tokens_on_m && rows_per_cta >= kBulkPullRows &&
+                    (s.shared_l1_m_tiles == 0 || rows_per_cta <= kBulkPullRowsBesideShared);
   const uint32_t spread = routes < grid ? static_cast<uint32_t>(routes) : grid;
   plan.pull_units = plan.bulk_pulls ? grid : clamp(div_up(routes, 128), spread > 1 ? spread : 1, 4 * grid);
   plan.tokens_per_combine = clamp(div_up(s.num_tokens, 2 * grid), 1, ~0u);
