@@ -6,8 +6,8 @@
 
 Each CTA is a row. A GEMM unit is a bar from the moment its producer found its operands ready to the
 moment its math warps finished it, coloured by kind; before it, a grey bar while the producer waited
-for the operands. Send and pull units are bars from their claim to the dispatch warps' end; combine
-units end at their math warps' end. The summary gives, per kind, the units and their summed time,
+for the operands. Send and pull units are bars from their claim to their end (the dispatch warps',
+or the producer's for bulk pulls); combine units end at their math warps' end. The summary gives, per kind, the units and their summed time,
 and the span of each kind (first start to last end).
 """
 import argparse
