@@ -401,7 +401,8 @@ __device__ inline void pull_rows_bulk(const DispatchArgs& a, const PoolSegments&
             for (uint32_t u = 0; u < kBounceScaleLoads; ++u) {
               const uint32_t i = base + 32 * u + lane;
               const uint32_t r = i / hidden_blocks;
-              if (i < total) pool_scales[uint64_t{i - r * hidden_blocks} * a.layout.pool_rows + batch.first + r] = values[u];
+              const uint64_t kb = i - r * hidden_blocks;
+              if (i < total) pool_scales[kb * a.layout.pool_rows + batch.first + r] = values[u];
             }
           }
         }
