@@ -162,8 +162,8 @@ struct FusedScheduler {
   }
   __device__ uint64_t* pull_loaded() const { return reinterpret_cast<uint64_t*>(words(FusedTables::kPullLoaded)); }
   __device__ uint32_t* pull_segments() const { return reinterpret_cast<uint32_t*>(smem.base); }
-  // The producer's pulls keep their state here, not in registers: held through the producer's loop,
-  // it made the GEMM units' issue spill.
+  // The producer's pulls keep their state here rather than in registers, so that nothing of them
+  // stays live through the producer's loop (40 registers).
   __device__ uint32_t* pull_phases() const { return words(FusedTables::kPullState); }
   __device__ uint32_t* pull_segments_built() const { return words(FusedTables::kPullState + 1); }
   __device__ SignalTargets* signal_targets() const {
@@ -374,9 +374,9 @@ __device__ void push_dispatch(const FusedScheduler<Config>& s, gemm::RingPositio
   queue.advance();
 }
 
-// A pull unit (bulk_pulls), by the producer warp (all lanes): its share of the received rows into the pool, each
-// row counted for its expert once it is there. The pool's segments are built at the CTA's first
-// pull unit, once every rank's counts are in. False after a timeout.
+// A pull unit (bulk_pulls), by the producer warp (all lanes): its share of the received rows into the
+// pool, each row counted for its expert once it is there. The pool's segments are built at the CTA's
+// first pull unit, once every rank's counts are in. False after a timeout.
 template <class Config>
 __device__ bool run_pull(const FusedScheduler<Config>& s, uint32_t index, uint32_t lane) {
   const dispatch::DispatchArgs& a = s.params.dispatch;
