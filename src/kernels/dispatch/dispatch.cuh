@@ -248,12 +248,26 @@ __device__ inline bool build_segments(const DispatchArgs& a, uint32_t* segment_b
   return fits;
 }
 
+// Where pool row `row` comes from.
+struct RowSource {
+  uint32_t rank;
+  uint32_t token_topk;  // token * top_k + k on that rank
+  const char* buffer;   // that rank's buffer
+};
+__device__ inline RowSource row_source(const DispatchArgs& a, const PoolSegments& segments, uint32_t row) {
+  const uint32_t num_ranks = segments.num_ranks;
+  const uint32_t segment = segments.find(row);
+  const uint32_t rank = segment % num_ranks;
+  const uint32_t token_topk = a.layout.src_index_ptr(a.view.local(), segment / num_ranks, rank,
+                                                     num_ranks)[row - segments.segment_begin[segment]];
+  return {rank, token_topk, a.view.peers[rank]};
+}
+
 // Pulls pool row `row` (warp-wide, `lane`): its source, then the row, its scales and its route weight
 // loaded together (at decode each row's round trips are the pull's time), then all of them stored.
 // kUnroll: 16-byte vectors in flight per lane.
 template <int kUnroll = device::kPullRowUnroll>
 __device__ inline void pull_row(const DispatchArgs& a, const PoolSegments& segments, uint32_t row, uint32_t lane) {
-  const uint32_t num_ranks = segments.num_ranks;
   const uint32_t row_bytes = static_cast<uint32_t>(a.problem.hidden) * a.layout.activation_bytes;
   const uint32_t hidden_blocks = a.layout.hidden_blocks;
   const bool scaled = a.problem.recipe != Recipe::bf16;
@@ -261,12 +275,10 @@ __device__ inline void pull_row(const DispatchArgs& a, const PoolSegments& segme
   float* pool_weight = BufferLayout::at<float>(a.view.local(), a.layout.pool_weight);
   PoolSource* pool_source = BufferLayout::at<PoolSource>(a.view.local(), a.layout.pool_source);
   constexpr uint32_t kEarlyScales = 2;  // per lane: DeepSeek-V3's 56 K blocks
-  const uint32_t segment = segments.find(row);
-  const uint32_t src_rank = segment % num_ranks;
-  const uint32_t token_topk = a.layout.src_index_ptr(a.view.local(), segment / num_ranks, src_rank,
-                                                     num_ranks)[row - segments.segment_begin[segment]];
+  const RowSource source = row_source(a, segments, row);
+  const uint32_t token_topk = source.token_topk;
   const uint32_t token = token_topk / static_cast<uint32_t>(a.problem.top_k);
-  const char* source_buffer = a.view.peers[src_rank];
+  const char* source_buffer = source.buffer;
   const float* source_scales =
       reinterpret_cast<const float*>(source_buffer + a.layout.x_scales.offset) + uint64_t{token} * hidden_blocks;
   float scales[kEarlyScales];
@@ -292,23 +304,8 @@ __device__ inline void pull_row(const DispatchArgs& a, const PoolSegments& segme
   }
   if (lane == 0) {
     pool_weight[row] = weight;
-    pool_source[row] = PoolSource{src_rank, token_topk};
+    pool_source[row] = PoolSource{source.rank, token_topk};
   }
-}
-
-// Where pool row `row` comes from.
-struct RowSource {
-  uint32_t rank;
-  uint32_t token_topk;  // token * top_k + k on that rank
-  const char* buffer;   // that rank's buffer
-};
-__device__ inline RowSource row_source(const DispatchArgs& a, const PoolSegments& segments, uint32_t row) {
-  const uint32_t num_ranks = segments.num_ranks;
-  const uint32_t segment = segments.find(row);
-  const uint32_t rank = segment % num_ranks;
-  const uint32_t token_topk = a.layout.src_index_ptr(a.view.local(), segment / num_ranks, rank,
-                                                     num_ranks)[row - segments.segment_begin[segment]];
-  return {rank, token_topk, a.view.peers[rank]};
 }
 
 // Scale loads in flight per lane while pull_rows_bulk copies a batch's scales.

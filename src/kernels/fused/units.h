@@ -161,19 +161,14 @@ struct PlanShape {
 
 // Send units: about one per CTA, so that copying the inputs spreads over the grid. Pull units, by
 // the rows per CTA (this rank's routes stand in for what it receives):
-//   - the producer pulls with bulk copies (bulk_pulls), one unit per CTA, before the CTA's first GEMM
-//     unit, from kBulkPullRows rows per CTA on; with shared experts only up to kBulkPullRowsBesideShared;
-//     prefill (tokens_on_m) tiles only: compiled into the decode kernels, the bulk pull's code spilled
-//     in their producer and dispatch warps (about 180 more spill instructions) and those rows measured
-//     0.4-3% slower;
-//     Measured on one H200 (graph, against the dispatch warps' pulls): qwen3-235b-a22b at 2048 tokens
-//     0.90x the time, gpt-oss-120b at 8192 0.96x, DeepSeek-V3 at 2048 0.97x; but DeepSeek-V3 at 8192
-//     1.03x (the dispatch warps' slow pulls run beside the shared experts' L1 tiles, the bulk pulls
-//     ahead of every GEMM unit) and 1.01x at 512 (31 rows per CTA);
-//   - otherwise the dispatch warps pull with their registers while the CTA goes on to its GEMM
-//     units: one unit per CTA or about 128 rows each, at least a row each, up to four per CTA. At
-//     decode a pull is a chain of round trips: at 8 tokens one unit of 64 rows took 417 us of a
-//     636 us call (DeepSeek-V3, one H200).
+//   - from kBulkPullRows rows per CTA on, with prefill (tokens_on_m) tiles: the producer pulls with
+//     bulk copies (bulk_pulls), one unit per CTA, before the CTA's first GEMM unit. With shared
+//     experts only up to kBulkPullRowsBesideShared: past it the dispatch warps' slower pulls beside
+//     the shared experts' L1 tiles measured faster (DeepSeek-V3 at 8192 tokens, docs/fused.md). The
+//     decode configs do not compile the bulk pull: it made their producer and dispatch code spill;
+//   - otherwise the dispatch warps pull with their registers while the CTA goes on to its GEMM units:
+//     one unit per CTA or about 128 rows each, at least a row each, up to four per CTA, so that a
+//     decode pull's chain of round trips spreads over the grid.
 // Combine units: about two per CTA.
 inline constexpr uint32_t kBulkPullRows = 32;
 inline constexpr uint32_t kBulkPullRowsBesideShared = 256;
