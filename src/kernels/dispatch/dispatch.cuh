@@ -60,62 +60,30 @@ struct StagedInputs {
   StagedCopy copies[3];
 };
 
-// Copies tokens [token_begin, token_end) of every staged input, thread `thread` of `threads`. The
-// copies' 16-byte vectors form one index space, so that a round of loads spans all of them: a
-// decode call's inputs (the token's row, its scales and route weights) then take one or two round
-// trips instead of one per copy (the send unit's staging took about 5 us at one token, traced).
+// Copies tokens [token_begin, token_end) of every staged input, thread `thread` of `threads`.
 __device__ inline void stage_inputs(const StagedInputs& inputs, uint32_t token_begin, uint32_t token_end,
                                     uint64_t thread, uint64_t threads) {
-  constexpr uint32_t kCopies = 3;
   constexpr uint32_t kUnroll = 4;  // 16-byte vectors in flight per thread
-  const auto part = [&](uint32_t c) {
-    const StagedCopy& whole = inputs.copies[c];
+  for (const StagedCopy& whole : inputs.copies) {
+    if (whole.source == nullptr) continue;
     const uint64_t first_word = uint64_t{token_begin} * whole.words_per_token;
-    return StagedCopy{whole.source + first_word, whole.destination + first_word,
-                      whole.source == nullptr ? 0 : uint64_t{token_end - token_begin} * whole.words_per_token,
-                      whole.words_per_token};
-  };
-  const auto vectors_of = [](const StagedCopy& copy) -> uint64_t {
+    const StagedCopy copy{whole.source + first_word, whole.destination + first_word,
+                          uint64_t{token_end - token_begin} * whole.words_per_token, whole.words_per_token};
     const bool aligned =
         ((reinterpret_cast<uintptr_t>(copy.source) | reinterpret_cast<uintptr_t>(copy.destination)) & 15) == 0;
-    return aligned ? copy.words / 4 : 0;
-  };
-  uint64_t vectors_before[kCopies + 1] = {0};
+    const uint64_t vectors = aligned ? copy.words / 4 : 0;
+    const uint4* source = reinterpret_cast<const uint4*>(copy.source);
+    uint4* destination = reinterpret_cast<uint4*>(copy.destination);
+    for (uint64_t first = thread; first < vectors; first += kUnroll * threads) {
+      uint4 parts[kUnroll];
 #pragma unroll
-  for (uint32_t c = 0; c < kCopies; ++c) vectors_before[c + 1] = vectors_before[c] + vectors_of(part(c));
-  // Vector i of the index space: its copy and its place there.
-  const auto locate = [&](uint64_t i, const uint4*& source, uint4*& destination) {
-    const uint32_t c = i < vectors_before[1] ? 0 : i < vectors_before[2] ? 1 : 2;
-    const StagedCopy copy = part(c);
-    source = reinterpret_cast<const uint4*>(copy.source) + (i - vectors_before[c]);
-    destination = reinterpret_cast<uint4*>(copy.destination) + (i - vectors_before[c]);
-  };
-  const uint64_t vectors = vectors_before[kCopies];
-  for (uint64_t first = thread; first < vectors; first += kUnroll * threads) {
-    uint4 parts[kUnroll];
+      for (uint32_t j = 0; j < kUnroll; ++j)
+        if (first + j * threads < vectors) parts[j] = source[first + j * threads];
 #pragma unroll
-    for (uint32_t j = 0; j < kUnroll; ++j) {
-      if (first + j * threads >= vectors) continue;
-      const uint4* source;
-      uint4* destination;
-      locate(first + j * threads, source, destination);
-      parts[j] = *source;
+      for (uint32_t j = 0; j < kUnroll; ++j)
+        if (first + j * threads < vectors) destination[first + j * threads] = parts[j];
     }
-#pragma unroll
-    for (uint32_t j = 0; j < kUnroll; ++j) {
-      if (first + j * threads >= vectors) continue;
-      const uint4* source;
-      uint4* destination;
-      locate(first + j * threads, source, destination);
-      *destination = parts[j];
-    }
-  }
-  // Words past the vectors (or every word of a copy not 16-byte aligned).
-#pragma unroll 1
-  for (uint32_t c = 0; c < kCopies; ++c) {
-    const StagedCopy copy = part(c);
-    for (uint64_t i = (vectors_before[c + 1] - vectors_before[c]) * 4 + thread; i < copy.words; i += threads)
-      copy.destination[i] = copy.source[i];
+    for (uint64_t i = vectors * 4 + thread; i < copy.words; i += threads) copy.destination[i] = copy.source[i];
   }
 }
 
@@ -186,26 +154,15 @@ __device__ inline void send_counts(const DispatchArgs& a, uint32_t thread, uint3
   const uint32_t experts_per_rank = a.layout.experts_per_rank;
   const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
   uint64_t* send_count = a.layout.send_count(a.view.local());
-  // A batch of counts loaded before any is stored: one round trip per batch, not one per expert.
-  constexpr uint32_t kBatch = 4;
-  for (uint32_t first = thread; first < num_experts; first += kBatch * threads) {
-    uint64_t counted[kBatch];
-#pragma unroll
-    for (uint32_t j = 0; j < kBatch; ++j) {
-      const uint32_t e = first + j * threads;
-      counted[j] = e < num_experts ? device::GpuRef<uint64_t>(send_count[e]).load(cuda::memory_order_relaxed) : 0;
-    }
-#pragma unroll
-    for (uint32_t j = 0; j < kBatch; ++j) {
-      const uint32_t e = first + j * threads;
-      if (e >= num_experts) continue;
-      // Routes past the table's room were dropped (kDeviceSlotOverflow): the owner pulls only those stored.
-      const uint32_t count = static_cast<uint32_t>(counted[j] < a.layout.max_tokens ? counted[j] : a.layout.max_tokens);
-      device::GpuRef<uint64_t>(send_count[e]).store(0, cuda::memory_order_relaxed);
-      uint32_t* slot = a.layout.recv_count_ptr(a.view.local(), e % experts_per_rank,
-                                               static_cast<uint32_t>(a.view.rank), num_ranks);
-      *a.view.map(slot, static_cast<int32_t>(e / experts_per_rank)) = count;
-    }
+  for (uint32_t e = thread; e < num_experts; e += threads) {
+    device::GpuRef<uint64_t> sent(send_count[e]);
+    // Routes past the table's room were dropped (kDeviceSlotOverflow): the owner pulls only those stored.
+    const uint64_t counted = sent.load(cuda::memory_order_relaxed);
+    const uint32_t count = static_cast<uint32_t>(counted < a.layout.max_tokens ? counted : a.layout.max_tokens);
+    sent.store(0, cuda::memory_order_relaxed);
+    uint32_t* slot = a.layout.recv_count_ptr(a.view.local(), e % experts_per_rank,
+                                             static_cast<uint32_t>(a.view.rank), num_ranks);
+    *a.view.map(slot, static_cast<int32_t>(e / experts_per_rank)) = count;
   }
 }
 

@@ -183,22 +183,11 @@ struct FusedScheduler {
     const uint32_t* recv_count = BufferLayout::at<uint32_t>(view().local(), params.dispatch.layout.recv_count);
     uint32_t* begin = group_begin();
     const uint32_t groups = num_groups();
-    // Each expert's rows: its counts from every source rank, then one scan. A lane's experts are
-    // loaded in batches of four before any is stored: storing each expert's rows before loading the
-    // next one's made a round trip per expert (8 per lane at 256 experts, about 4 us at one token).
-    constexpr uint32_t kBatch = 4;
-    for (uint32_t first = lane; first < groups; first += 32 * kBatch) {
-      uint32_t rows[kBatch] = {};
-      for (uint32_t r = 0; r < num_ranks; ++r) {
-#pragma unroll
-        for (uint32_t j = 0; j < kBatch; ++j) {
-          const uint32_t g = first + 32 * j;
-          if (g < groups) rows[j] += recv_count[g * num_ranks + r];
-        }
-      }
-#pragma unroll
-      for (uint32_t j = 0; j < kBatch; ++j)
-        if (first + 32 * j < groups) begin[first + 32 * j] = rows[j];
+    // Each expert's rows: its counts from every source rank, all loads in flight, then one scan.
+    for (uint32_t g = lane; g < groups; g += 32) {
+      uint32_t rows = 0;
+      for (uint32_t r = 0; r < num_ranks; ++r) rows += recv_count[g * num_ranks + r];
+      begin[g] = rows;
     }
     __syncwarp();
     device::warp_exclusive_prefix(groups, lane, begin, [&](uint32_t g) { return begin[g]; });
