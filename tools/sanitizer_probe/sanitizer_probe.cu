@@ -15,9 +15,17 @@
 //                  read of TMA-loaded weights, mainloop.cuh: expand_weight_tile);
 //   bulk_copy_hint: as bulk_copy, the readers waiting with a suspend-time hint as fp8_fp4's
 //                  converters do (GemmConfig::kWaitSuspendNs): racecheck reported their reads of
-//                  the bulk-copied shifts at a162dea, and not the decode math warps' (no hint).
+//                  the bulk-copied shifts at a162dea, and not the decode math warps' (no hint);
+//   bulk_copy_ring: fp8_fp4's prefill stage ring, round after round in one buffer: thread 0
+//                  bulk-copies it (raw_full), every lane of a converter warp reads it and lane 0
+//                  arrives on full after __syncwarp, a math warp waits for full and releases empty
+//                  the same way, and only then does thread 0 copy into the buffer again. Every
+//                  other round copies half the buffer, and the converter also reads the half an
+//                  earlier round wrote (a partial last tile's rows read an earlier stage's shifts).
+//                  So the converter's reads are ordered before the next copy only through the
+//                  math warp's barrier: the two-hop chain of the unexplained report.
 // Each runs in one block of three warps (the third idle, as the layer's kernels have roles outside
-// each barrier). Usage: compute-sanitizer --tool racecheck megamoe_sanitizer_probe
+// each barrier, except in bulk_copy_ring). Usage: compute-sanitizer --tool racecheck megamoe_sanitizer_probe
 #include <cuda/ptx>
 #include <cuda_runtime.h>
 
@@ -120,9 +128,56 @@ __global__ void bulk_copy(uint32_t* out) {
   }
 }
 
+__global__ void bulk_copy_ring(uint32_t* out) {
+  constexpr uint32_t kWords = 128;
+  __shared__ __align__(128) uint32_t landed[kWords];
+  __shared__ uint64_t raw_full, full, empty;
+  const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Source words: round r's copy reads words [r * kWords, (r + 1) * kWords) of the global staging area.
+  uint32_t* source = out + kRounds * kWords;
+  for (uint32_t i = threadIdx.x; i < kRounds * kWords; i += blockDim.x) source[i] = 1000 * (i / kWords) + i % kWords;
+  if (threadIdx.x == 0) {
+    cuda::ptx::mbarrier_init(&raw_full, 1);
+    cuda::ptx::mbarrier_init(&full, 1);
+    cuda::ptx::mbarrier_init(&empty, 1);
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+  }
+  __syncthreads();
+  for (uint32_t round = 0; round < kRounds; ++round) {
+    const uint32_t parity = round & 1;
+    // Odd rounds copy the first half only; the second half keeps the round before's words.
+    const uint32_t bytes = (round % 2 == 1 ? kWords / 2 : kWords) * 4;
+    if (threadIdx.x == 0) {
+      if (round > 0) wait_phase(&empty, parity ^ 1);
+      cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
+      cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                           &raw_full, bytes);
+      cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, landed, source + round * kWords,
+                               bytes, &raw_full);
+    } else if (warp == 1) {  // the converter warp
+      wait_phase<true>(&raw_full, parity);
+      for (uint32_t i = lane; i < kWords; i += 32) out[round * kWords + i] = landed[i];
+      cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+      __syncwarp();
+      if (lane == 0) cuda::ptx::mbarrier_arrive(&full);
+    } else if (warp == 2) {  // the math warp
+      wait_phase(&full, parity);
+      __syncwarp();
+      if (lane == 0) cuda::ptx::mbarrier_arrive(&empty);
+    }
+  }
+}
+
+// Word i of bulk_copy_ring's output: round i / 128's read of word i % 128.
+uint32_t ring_word(uint32_t i) {
+  const uint32_t round = i / 128, word = i % 128;
+  const uint32_t written_in = round % 2 == 1 && word >= 64 ? round - 1 : round;
+  return 1000 * written_in + word;
+}
+
 bool check(const char* name, void (*kernel)(uint32_t*), uint32_t words, uint32_t (*expected)(uint32_t)) {
   uint32_t* out = nullptr;
-  uint32_t host[kRounds * 32] = {};
+  uint32_t host[2 * kRounds * 128] = {};
   bool ok = cudaMalloc(&out, sizeof(host)) == cudaSuccess && cudaMemset(out, 0, sizeof(host)) == cudaSuccess;
   if (ok) {
     kernel<<<1, 96>>>(out);
@@ -143,5 +198,6 @@ int main() {
   ok = check("group_flag", group_flag, kRounds, [](uint32_t i) { return 200 + i; }) && ok;
   ok = check("bulk_copy", bulk_copy<false>, 256, [](uint32_t i) { return 400 + i % 128; }) && ok;
   ok = check("bulk_copy_hint", bulk_copy<true>, 256, [](uint32_t i) { return 400 + i % 128; }) && ok;
+  ok = check("bulk_copy_ring", bulk_copy_ring, kRounds * 128, ring_word) && ok;
   return ok ? 0 : 1;
 }
