@@ -128,8 +128,11 @@ __global__ void bulk_copy(uint32_t* out) {
   }
 }
 
+// bulk_copy_ring's buffer, in words.
+constexpr uint32_t kRingWords = 128;
+
 __global__ void bulk_copy_ring(uint32_t* out) {
-  constexpr uint32_t kWords = 128;
+  constexpr uint32_t kWords = kRingWords;
   __shared__ __align__(128) uint32_t landed[kWords];
   __shared__ uint64_t raw_full, full, empty;
   const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -168,16 +171,16 @@ __global__ void bulk_copy_ring(uint32_t* out) {
   }
 }
 
-// Word i of bulk_copy_ring's output: round i / 128's read of word i % 128.
+// Word i of bulk_copy_ring's output: round i / kRingWords's read of word i % kRingWords.
 uint32_t ring_word(uint32_t i) {
-  const uint32_t round = i / 128, word = i % 128;
-  const uint32_t written_in = round % 2 == 1 && word >= 64 ? round - 1 : round;
+  const uint32_t round = i / kRingWords, word = i % kRingWords;
+  const uint32_t written_in = round % 2 == 1 && word >= kRingWords / 2 ? round - 1 : round;
   return 1000 * written_in + word;
 }
 
 bool check(const char* name, void (*kernel)(uint32_t*), uint32_t words, uint32_t (*expected)(uint32_t)) {
   uint32_t* out = nullptr;
-  uint32_t host[2 * kRounds * 128] = {};
+  uint32_t host[2 * kRounds * kRingWords] = {};  // bulk_copy_ring's output and its source
   bool ok = cudaMalloc(&out, sizeof(host)) == cudaSuccess && cudaMemset(out, 0, sizeof(host)) == cudaSuccess;
   if (ok) {
     kernel<<<1, 96>>>(out);
@@ -198,6 +201,6 @@ int main() {
   ok = check("group_flag", group_flag, kRounds, [](uint32_t i) { return 200 + i; }) && ok;
   ok = check("bulk_copy", bulk_copy<false>, 256, [](uint32_t i) { return 400 + i % 128; }) && ok;
   ok = check("bulk_copy_hint", bulk_copy<true>, 256, [](uint32_t i) { return 400 + i % 128; }) && ok;
-  ok = check("bulk_copy_ring", bulk_copy_ring, kRounds * 128, ring_word) && ok;
+  ok = check("bulk_copy_ring", bulk_copy_ring, kRounds * kRingWords, ring_word) && ok;
   return ok ? 0 : 1;
 }
