@@ -107,6 +107,17 @@ __device__ __forceinline__ void issue_unit(const SharedStorage<Config>& smem, Ri
   const Tile& tile = unit.tile;
   const MainloopArgs& args = job.args;
   const int32_t weight_row = static_cast<int32_t>(tile.group * args.n_out + tile.m_tile * Config::kBlockM);
+  // Decode tiles read each weight byte once per call: evicted first, those bytes leave in L2 what the
+  // next call reads again (its code, tables and counters, the L1 output L2 reads).
+  constexpr bool kEvictWeightsFirst = Config::kLayout == TileLayout::weights_on_m;
+  const uint64_t weight_policy = kEvictWeightsFirst ? ptx::l2_evict_first_policy() : 0;
+  const auto load_weights = [&](void* destination, const int32_t(&coords)[2], uint64_t* barrier) {
+    if constexpr (kEvictWeightsFirst)
+      ptx::tma_load_2d_with_policy(destination, &job.weights_map, coords, barrier, weight_policy);
+    else
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, destination,
+                                      &job.weights_map, coords, barrier);
+  };
   for (uint32_t kb = unit.k_blocks.begin; kb < unit.k_blocks.end; ++kb) {
     wait_barrier<Config>(smem.empty(ring.stage), ring.phase ^ 1, args.watch, ring.stage);
     if (kb == unit.k_blocks.begin) {
@@ -135,15 +146,13 @@ __device__ __forceinline__ void issue_unit(const SharedStorage<Config>& smem, Ri
       }
       const uint32_t shift_bytes = raw_bytes - Config::kRawWeightBytes;
       const int32_t packed_coords[2] = {k_coord / 2, weight_row};
-      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
-                                      smem.raw_weights(ring.stage), &job.weights_map, packed_coords, raw_full);
+      load_weights(smem.raw_weights(ring.stage), packed_coords, raw_full);
       cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.raw_shifts(ring.stage),
                                args.weight_shifts + (uint64_t{kb} * args.weight_rows + weight_row) * 4, shift_bytes,
                                raw_full);
     } else {
       const int32_t weight_coords[2] = {k_coord, weight_row};
-      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.weights(ring.stage),
-                                      &job.weights_map, weight_coords, full);
+      load_weights(smem.weights(ring.stage), weight_coords, full);
     }
     const int32_t token_coords[2] = {k_coord, static_cast<int32_t>(tile.row_begin)};
     cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.tokens(ring.stage),

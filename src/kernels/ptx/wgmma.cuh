@@ -1,5 +1,5 @@
-// Hopper warpgroup MMA (wgmma), register reallocation (setmaxnreg), stmatrix, an L2 prefetch and a non-aligned CTA
-// barrier: the PTX that CCCL does not wrap. Everything else (TMA, mbarriers, fences) comes from cuda::ptx.
+// Hopper warpgroup MMA (wgmma), register reallocation (setmaxnreg), stmatrix, an L2 prefetch, TMA loads with an L2
+// policy and a non-aligned CTA barrier: the PTX that CCCL does not wrap. Everything else (TMA, mbarriers, fences) comes from cuda::ptx.
 //
 // Operands are K-major tiles in shared memory written by TMA with 128-byte swizzling: rows of 128
 // bytes, 8-row atoms of 1024 bytes. One wgmma consumes 32 bytes of K (k32 for E4M3, k16 for BF16);
@@ -48,6 +48,24 @@ template <int kCount>
 MEGAMOE_DEVICE void fence_registers(uint32_t (&registers)[kCount]) {
 #pragma unroll
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+r"(registers[i])::"memory");
+}
+
+// An L2 policy under which the lines a load brings in are the first to be evicted.
+MEGAMOE_DEVICE uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// A 2D TMA tile load with an L2 cache policy (the form cuda::ptx::cp_async_bulk_tensor lacks).
+MEGAMOE_DEVICE void tma_load_2d_with_policy(void* destination, const void* tensor_map, const int32_t (&coords)[2],
+                                            uint64_t* barrier, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(destination))),
+      "l"(tensor_map), "r"(coords[0]), "r"(coords[1]), "r"(static_cast<uint32_t>(__cvta_generic_to_shared(barrier))),
+      "l"(policy)
+      : "memory");
 }
 
 // Brings a global line into L2 without waiting for it.
