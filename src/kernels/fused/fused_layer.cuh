@@ -754,12 +754,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
   // Each role ends in its own copy of finish_cta: no code after the roles joins their register budgets.
   if (warpgroup == 0) {
-    ptx::setmaxnreg_decrease<gemm::kProducerRegisters>();
+    ptx::setmaxnreg_decrease<gemm::kProducerRegisters<Config>>();
     if (warp == 0) produce_fused(s, lane);
     else dispatch_fused(s, thread - 32, lane);
     finish_cta(s, thread);
   } else if (warpgroup > Config::kMathWarpgroups) {  // converters; none without them (kThreads)
-    ptx::setmaxnreg_decrease<gemm::kProducerRegisters>();
+    ptx::setmaxnreg_decrease<gemm::kProducerRegisters<Config>>();
     convert_fused(s, 128 * (warpgroup - 1 - Config::kMathWarpgroups) + thread % 128, lane);
     finish_cta(s, thread);
   } else {

@@ -20,17 +20,25 @@ namespace megamoe::gemm {
 // warpgroups share the rest in multiples of 8: 232, or 216 beside a converter warpgroup. Asking for
 // more than the allocation holds would leave the math warps waiting in setmaxnreg forever, where no
 // pipeline timeout sees them: kRegistersFit is checked at compile time.
-inline constexpr int kProducerRegisters = 40;
+// The fused decode configs give the producer warpgroup, whose dispatch warps run the call's chain
+// of dependent sends and pulls, 96: at 40 that chain spilled 230-300 instructions; their math needs
+// no more than the 200 left (ptxas: no spills), except fp8_fp4's 64-token tiles, which spill at 200
+// and get 56 (224 left; the fewest spills in all).
+template <class Config>
+inline constexpr int kProducerRegisters =
+    !(Config::kDispatchWarps && Config::kLayout == TileLayout::weights_on_m) ? 40
+    : Config::kPacked && Config::kBlockN == 64                              ? 56
+                                                                            : 96;
 template <class Config>
 inline constexpr int kLaunchRegisters = 65536 / static_cast<int>(Config::kThreads) / 8 * 8;
 template <class Config>
 inline constexpr int kMathRegisters =
     (kLaunchRegisters<Config> * static_cast<int>(Config::kThreads) -
-     128 * kProducerRegisters * (1 + static_cast<int>(Config::kConverterWarpgroups))) /
+     128 * kProducerRegisters<Config> * (1 + static_cast<int>(Config::kConverterWarpgroups))) /
     (128 * static_cast<int>(Config::kMathWarpgroups)) / 8 * 8;
 template <class Config>
 inline constexpr bool kRegistersFit =
-    128 * kProducerRegisters * (1 + static_cast<int>(Config::kConverterWarpgroups)) +
+    128 * kProducerRegisters<Config> * (1 + static_cast<int>(Config::kConverterWarpgroups)) +
         128 * static_cast<int>(Config::kMathWarpgroups) * kMathRegisters<Config> <=
     kLaunchRegisters<Config> * static_cast<int>(Config::kThreads);
 
@@ -94,7 +102,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
                         Config::kLayout == TileLayout::weights_on_m ? jobs.split.capacity_units : 0);
 
   if (warpgroup == 0) {
-    ptx::setmaxnreg_decrease<kProducerRegisters>();
+    ptx::setmaxnreg_decrease<kProducerRegisters<Config>>();
     if (warp == 0) {
       if (lane == 0) produce<Config>(smem, scheduler, jobs);
     } else if constexpr (Config::kConverterWarps > 0) {
@@ -106,7 +114,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
   }
   if constexpr (Config::kConverterWarpgroups > 0) {
     if (warpgroup > Config::kMathWarpgroups) {
-      ptx::setmaxnreg_decrease<kProducerRegisters>();
+      ptx::setmaxnreg_decrease<kProducerRegisters<Config>>();
       convert_weights<Config>(smem, scheduler, jobs, 96 + 128 * (warpgroup - 1 - Config::kMathWarpgroups) + thread % 128,
                               lane);
       return;
