@@ -1,4 +1,4 @@
-// Six hand-overs of shared memory, each as the layer's kernels do it, each checking what it read:
+// Eight hand-overs of shared memory, each as the layer's kernels do it, each checking what it read:
 //   named_barrier: a writer warp stages words and arrives (bar.arrive), a reader warp syncs on the
 //                  same named barrier and reads them; a second barrier hands the buffer back
 //                  (the L2 epilogue's store warps, epilogue.cuh);
@@ -10,6 +10,8 @@
 //   group_flag:    thread 0 writes a word between two bar.sync of the threads that read it (the
 //                  fused kernel's combine loop, fused_layer.cuh: group_flag), with a third warp of
 //                  the block outside the named barrier, as the fused kernel's other roles are;
+//   claim_loop:    group_flag's word also holding the next claimed unit, three barriers per
+//                  unit (the fused kernel's combine loop, fused_layer.cuh: math_fused);
 //   bulk_copy:     one thread's cp.async.bulk fills shared memory and completes an mbarrier's
 //                  transaction count; two warps wait for the phase and read it (the converters'
 //                  read of TMA-loaded weights, mainloop.cuh: expand_weight_tile);
@@ -100,6 +102,29 @@ __global__ void group_flag(uint32_t* out) {
     const uint32_t value = flag;
     asm volatile("bar.sync 1, 64;" ::: "memory");
     if (threadIdx.x == 63) out[round] = value;
+  }
+}
+
+// The fused kernel's combine loop (fused_layer.cuh: math_fused): one shared word is both the
+// group flag and the next claimed unit. Per unit: thread 0 writes the flag, barrier, all read it,
+// barrier, the unit's work, barrier, thread 0 writes the claim, barrier, all read it, barrier.
+__global__ void claim_loop(uint32_t* out) {
+  __shared__ uint32_t word;
+  if (threadIdx.x < 32) return;  // the first warp: outside barrier 1's 64 threads
+  const uint32_t thread = threadIdx.x - 32;
+  uint32_t* claims = out + kRounds;  // zeroed by check()
+  for (uint32_t index = 0; index < kRounds;) {
+    if (thread == 0) word = 1;
+    asm volatile("bar.sync 1, 64;" ::: "memory");
+    const bool go = word != 0;
+    asm volatile("bar.sync 1, 64;" ::: "memory");
+    if (!go) break;
+    if (thread == 63) out[index] = 300 + index;
+    asm volatile("bar.sync 1, 64;" ::: "memory");
+    if (thread == 0) word = atomicAdd(claims, 1u) + 1;
+    asm volatile("bar.sync 1, 64;" ::: "memory");
+    index = word;
+    asm volatile("bar.sync 1, 64;" ::: "memory");
   }
 }
 
@@ -199,6 +224,7 @@ int main() {
   ok = check("mbarrier_slot", mbarrier_slot<false>, kRounds, [](uint32_t i) { return 100 + i; }) && ok;
   ok = check("mbarrier_warp", mbarrier_slot<true>, kRounds, [](uint32_t i) { return 100 + i; }) && ok;
   ok = check("group_flag", group_flag, kRounds, [](uint32_t i) { return 200 + i; }) && ok;
+  ok = check("claim_loop", claim_loop, kRounds, [](uint32_t i) { return 300 + i; }) && ok;
   ok = check("bulk_copy", bulk_copy<false>, 256, [](uint32_t i) { return 400 + i % 128; }) && ok;
   ok = check("bulk_copy_hint", bulk_copy<true>, 256, [](uint32_t i) { return 400 + i % 128; }) && ok;
   ok = check("bulk_copy_ring", bulk_copy_ring, kRounds * kRingWords, ring_word) && ok;
