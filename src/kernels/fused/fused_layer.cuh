@@ -15,8 +15,8 @@
 //   - with packed weights in prefill tiles, the converter warpgroup expands the GEMM units' weight tiles.
 // The math warps' loop holds nothing but GEMMs: with dispatch code in it, values hoisted out of the
 // loop held registers through the mainloop, which then spilled (a loop of pulls before it did too).
-// The dispatch warps' 40 registers keep about 6 KB per SM in flight: prefill rows moved at about
-// 125 GB/s that way (docs/fused.md).
+// The dispatch warps' 40 registers (prefill configs) keep about 6 KB per SM in flight: prefill rows
+// moved at about 125 GB/s that way (docs/fused.md).
 // Readiness counters (layout.h, FusedCounters) are released after the writes they cover and acquired
 // before the TMA loads that read them (with proxy fences: the writes are generic, the loads async).
 // The last CTA to finish resets every counter for the next call.
@@ -507,7 +507,7 @@ __device__ void convert_fused(FusedScheduler<Config>& s, uint32_t thread, uint32
   }
 }
 
-// Pull rows in flight per lane of the dispatch warps (their 40 registers hold four 16-byte vectors).
+// Pull rows in flight per lane of the dispatch warps (40 registers in prefill configs hold four 16-byte vectors).
 inline constexpr int kDispatchPullUnroll = 4;
 
 // A send unit: this unit's tokens' inputs into the buffer, their routes counted and scattered; the

@@ -1,5 +1,6 @@
-// Hopper warpgroup MMA (wgmma), register reallocation (setmaxnreg), stmatrix, an L2 prefetch, TMA loads with an L2
-// policy and a non-aligned CTA barrier: the PTX that CCCL does not wrap. Everything else (TMA, mbarriers, fences) comes from cuda::ptx.
+// Hopper warpgroup MMA (wgmma), register reallocation (setmaxnreg), stmatrix, an L2 prefetch, TMA loads
+// with an L2 policy and a non-aligned CTA barrier: the PTX that CCCL does not wrap. Everything else (TMA,
+// mbarriers, fences) comes from cuda::ptx.
 //
 // Operands are K-major tiles in shared memory written by TMA with 128-byte swizzling: rows of 128
 // bytes, 8-row atoms of 1024 bytes. One wgmma consumes 32 bytes of K (k32 for E4M3, k16 for BF16);
