@@ -1,4 +1,4 @@
-// Eight hand-overs of shared memory, each as the layer's kernels do it, each checking what it read:
+// Nine hand-overs of shared memory, each as the layer's kernels do it, each checking what it read:
 //   named_barrier: a writer warp stages words and arrives (bar.arrive), a reader warp syncs on the
 //                  same named barrier and reads them; a second barrier hands the buffer back
 //                  (the L2 epilogue's store warps, epilogue.cuh);
@@ -11,7 +11,10 @@
 //                  fused kernel's combine loop, fused_layer.cuh: group_flag), with a third warp of
 //                  the block outside the named barrier, as the fused kernel's other roles are;
 //   claim_loop:    group_flag's word also holding the next claimed unit, three barriers per
-//                  unit (the fused kernel's combine loop, fused_layer.cuh: math_fused);
+//                  unit (the fused kernel's combine loop, fused_layer.cuh: math_fused); not
+//                  reported at 9b65a85, where the kernel's loop is;
+//   claim_polled:  the same with the flag computed as the kernel does, by a polling loop of thread
+//                  0 alone (rank_wait), the rest of its warp at the barrier (not yet run);
 //   bulk_copy:     one thread's cp.async.bulk fills shared memory and completes an mbarrier's
 //                  transaction count; two warps wait for the phase and read it (the converters'
 //                  read of TMA-loaded weights, mainloop.cuh: expand_weight_tile);
@@ -28,6 +31,7 @@
 //                  math warp's barrier: the two-hop chain of the unexplained report.
 // Each runs in one block of three warps (the third idle, as the layer's kernels have roles outside
 // each barrier, except in bulk_copy_ring). Usage: compute-sanitizer --tool racecheck megamoe_sanitizer_probe
+#include <cuda/atomic>
 #include <cuda/ptx>
 #include <cuda_runtime.h>
 
@@ -108,13 +112,30 @@ __global__ void group_flag(uint32_t* out) {
 // The fused kernel's combine loop (fused_layer.cuh: math_fused): one shared word is both the
 // group flag and the next claimed unit. Per unit: thread 0 writes the flag, barrier, all read it,
 // barrier, the unit's work, barrier, thread 0 writes the claim, barrier, all read it, barrier.
+// kPolledFlag: thread 0 computes the flag as the kernel does (rank_wait): polling a global word with
+// system-scope acquire loads and a timer, while the rest of its warp waits at the barrier.
+template <bool kPolledFlag>
 __global__ void claim_loop(uint32_t* out) {
   __shared__ uint32_t word;
   if (threadIdx.x < 32) return;  // the first warp: outside barrier 1's 64 threads
   const uint32_t thread = threadIdx.x - 32;
-  uint32_t* claims = out + kRounds;  // zeroed by check()
+  uint32_t* claims = out + kRounds;      // zeroed by check()
+  uint32_t* arrivals = out + kRounds + 1;  // the polled word: already at its target
+  if (thread == 0) *arrivals = kRounds;
   for (uint32_t index = 0; index < kRounds;) {
-    if (thread == 0) word = 1;
+    if (thread == 0) {
+      bool arrived = true;
+      if (kPolledFlag) {
+        const uint64_t start = cuda::ptx::get_sreg_globaltimer();
+        cuda::atomic_ref<uint32_t, cuda::thread_scope_system> polled(*arrivals);
+        while (polled.load(cuda::memory_order_acquire) < index + 1)
+          if (cuda::ptx::get_sreg_globaltimer() - start > 1000000000ull) {
+            arrived = false;
+            break;
+          }
+      }
+      word = arrived ? 1 : 0;
+    }
     asm volatile("bar.sync 1, 64;" ::: "memory");
     const bool go = word != 0;
     asm volatile("bar.sync 1, 64;" ::: "memory");
@@ -224,7 +245,8 @@ int main() {
   ok = check("mbarrier_slot", mbarrier_slot<false>, kRounds, [](uint32_t i) { return 100 + i; }) && ok;
   ok = check("mbarrier_warp", mbarrier_slot<true>, kRounds, [](uint32_t i) { return 100 + i; }) && ok;
   ok = check("group_flag", group_flag, kRounds, [](uint32_t i) { return 200 + i; }) && ok;
-  ok = check("claim_loop", claim_loop, kRounds, [](uint32_t i) { return 300 + i; }) && ok;
+  ok = check("claim_loop", claim_loop<false>, kRounds, [](uint32_t i) { return 300 + i; }) && ok;
+  ok = check("claim_polled", claim_loop<true>, kRounds, [](uint32_t i) { return 300 + i; }) && ok;
   ok = check("bulk_copy", bulk_copy<false>, 256, [](uint32_t i) { return 400 + i % 128; }) && ok;
   ok = check("bulk_copy_hint", bulk_copy<true>, 256, [](uint32_t i) { return 400 + i % 128; }) && ok;
   ok = check("bulk_copy_ring", bulk_copy_ring, kRounds * kRingWords, ring_word) && ok;
