@@ -7,6 +7,14 @@
 #                           probe under racecheck; rows {binary, tool, errors, explained}
 #     stress N:             issue 33's run/dump/bench sequence N times, stopping at the first failure
 #                           ($MEGAMOE: the tool, default $BUILD/megamoe); $OUT/stress.json
+#   tools/gpu_check.sh trees TREE...              builds each source tree (e.g. `git archive REV | tar -x -C
+#                                                 out/ab-x`) into TREE/build at once, the machine's cores
+#                                                 shared: the megamoe tool and the layer bench ($TARGETS:
+#                                                 more targets, `all` for the tests; $CMAKE_ARGS: e.g.
+#                                                 -DMEGAMOE_FUSED_TRACE=ON) (last step)
+#   tools/gpu_check.sh ab ROUNDS TREE... -- ARGS   `megamoe bench ARGS` from each tree's build, the trees
+#                                                 taking turns ROUNDS times (same-run A/B); prints graph µs
+#                                                 per row and tree (min-max); JSON in $OUT/ab (last step)
 #   tools/gpu_check.sh clocks CMD...             CMD with the SM clock and board power logged
 #   tools/gpu_check.sh ncu NAME REGEX SKIP CMD...  one launch of a kernel, profiled (last step: takes the rest)
 # Binaries are built on this machine and carried with the call: copy the GPU test binaries, the
@@ -248,6 +256,52 @@ step_stress() {
   [ -z "$failure" ] || status=1
 }
 
+# Builds every source tree at once into TREE/build, the cores shared; TREE/build.log has the output.
+step_trees() {
+  local jobs=$(( $(nproc) / $# )) tree
+  [ $jobs -ge 1 ] || jobs=1
+  for tree in "$@"; do
+    rm -f "$tree/build.ok"
+    # shellcheck disable=SC2086  # CMAKE_ARGS and TARGETS are word lists
+    ( cd "$tree" && cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMEGAMOE_TSAN=OFF ${CMAKE_ARGS:-} \
+        >build.log 2>&1 &&
+      cmake --build build -j"$jobs" --target megamoe megamoe_layer_bench ${TARGETS:-} >>build.log 2>&1 &&
+      touch build.ok ) &
+  done
+  wait
+  for tree in "$@"; do
+    [ -f "$tree/build.ok" ] || { echo "trees: $tree failed to build"; tail -20 "$tree/build.log"; status=1; }
+  done
+}
+
+# Same-run A/B of the layer: ROUNDS x every tree's `megamoe bench ARGS`, the trees taking turns so
+# that the board's clock and power state fall on all of them alike.
+step_ab() {
+  local rounds=$1 trees=() round tree
+  shift
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do trees+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  mkdir -p "$OUT/ab"
+  for round in $(seq 1 "$rounds"); do
+    for tree in "${trees[@]}"; do
+      local name; name=$(basename "$tree")-r$round
+      timeout 300 "$tree/build/megamoe" bench "$@" --out "$OUT/ab/$name.json" >"$OUT/ab/$name.log" 2>&1 ||
+        { echo "ab: $name failed"; tail -5 "$OUT/ab/$name.log"; status=1; }
+    done
+  done
+  python3 - "$OUT/ab" <<'SUMMARY'
+import collections, glob, json, os, sys
+times = collections.defaultdict(lambda: collections.defaultdict(list))
+for path in sorted(glob.glob(os.path.join(sys.argv[1], '*.json'))):
+    tree = os.path.basename(path)[:-5].rsplit('-r', 1)[0]
+    for row in json.load(open(path)).get('rows', []):
+        key = (row['preset'], row['recipe'], row['tokens_per_rank'], row['schedule'])
+        times[key][tree].append(row['graph_us'])
+for key in sorted(times):
+    print(*key, ' | '.join(f'{tree} {min(us):.1f}-{max(us):.1f}' for tree, us in times[key].items()))
+SUMMARY
+}
+
 while [ $# -gt 0 ]; do
   step=$1; shift
   case $step in
@@ -261,6 +315,8 @@ while [ $# -gt 0 ]; do
            tail -30 "$OUT/ctest.log"; [ $rc -eq 0 ] || status=1 ;;
     sanitize) step_sanitize "$1" "$2"; shift 2 ;;
     stress) step_stress "$1"; shift ;;
+    trees) step_trees "$@"; shift $# ;;
+    ab) step_ab "$@"; shift $# ;;
     clocks) step_clocks "$@"; shift $# ;;
     ncu) step_ncu "$@"; shift $# ;;
     *) echo "unknown step $step"; exit 2 ;;
