@@ -61,8 +61,8 @@ struct LayerWeights {
 struct CallOptions {
   CallOptions(Schedule schedule_ = Schedule::staged) : schedule(schedule_) {}  // implicit: a Schedule converts
   // staged: six launches in sequence; fused: one persistent launch (kernels/fused) in which dispatch,
-  // both GEMMs and combine overlap. Both compute the same steps; their tile shapes (and split K,
-  // staged only) may differ, which moves FP32 sums by rounding.
+  // both GEMMs and combine overlap. Both compute the same steps; their tile shapes and splits of K
+  // may differ, which moves FP32 sums by rounding. Every rank of a call uses the same schedule.
   Schedule schedule = Schedule::staged;
   // Optional, fused schedule only: an event log of the call, for seeing where its time goes
   // (tools/plot_trace.py). u8 [fused_trace_bytes(buffer)] on the device, read once the call is done.

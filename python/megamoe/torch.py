@@ -411,8 +411,13 @@ def _check_y(y, buffer: Buffer) -> int:
     return y.shape[0]
 
 
+SCHEDULES = ("staged", "fused")
+
+
 def _run(kind: str, y, l1_weights, l2_weights, sym_buffer: Buffer, stats, recipe, activation, activation_clamp,
-         shared_l1_weights, shared_l2_weights, num_tokens):
+         shared_l1_weights, shared_l2_weights, num_tokens, schedule):
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule: must be 'staged' or 'fused', got {schedule!r}")
     if not isinstance(sym_buffer, Buffer):
         raise ValueError(f"sym_buffer: must be a megamoe.torch.Buffer, got {type(sym_buffer).__name__}")
     if sym_buffer._core is None:
@@ -450,7 +455,7 @@ def _run(kind: str, y, l1_weights, l2_weights, sym_buffer: Buffer, stats, recipe
     weights = _layer_weights(sym_buffer, l1_weights, l2_weights, shared_l1_weights, shared_l2_weights)
     stream = sym_buffer.stream
     sym_buffer._core.run_from_buffer(kind, n, weights, y, _stream_of(stream), stats64, clamp,
-                                     sym_buffer.activation_scales == "mx")
+                                     sym_buffer.activation_scales == "mx", schedule)
     if stats is not None and stats.dtype == torch.int32:
         with torch.cuda.stream(stream):
             stats.add_(sym_buffer._stats_scratch)
@@ -462,16 +467,19 @@ def fp8_fp4_mega_moe(y: torch.Tensor, l1_weights: MegaMoeWeights, l2_weights: Me
                      recipe: Optional[Tuple[int, int, int]] = None, activation: str = "swiglu",
                      activation_clamp: Optional[float] = None, fast_math: bool = True, *,
                      shared_l1_weights: Optional[MegaMoeWeights] = None,
-                     shared_l2_weights: Optional[MegaMoeWeights] = None, num_tokens: Optional[int] = None) -> None:
+                     shared_l2_weights: Optional[MegaMoeWeights] = None, num_tokens: Optional[int] = None,
+                     schedule: str = "staged") -> None:
     """y [num_tokens, hidden] bf16 = the MoE layer of the first num_tokens rows of sym_buffer's inputs, with
     MXFP4 expert weights and E4M3 activations. ``recipe`` (1, 1, 32): the buffer's ``x_sf`` holds UE8M0
     per 32 (activation_scales='mx'); (1, 1, 128): float32 per 1x128 ('block'); None: whichever the
     buffer holds. ``activation_clamp`` c: before SwiGLU, gate = min(gate, c) and up = clamp(up, -c, c)
     (None or 0: none). ``cumulative_local_expert_recv_stats`` (int32 or int64 [experts per rank]) has each
     local expert's received routes added. ``fast_math`` is accepted for DeepGEMM's signature; SiLU always
-    uses the hardware exp2 and reciprocal here."""
+    uses the hardware exp2 and reciprocal here. ``schedule``: 'staged' (six launches, the default) or
+    'fused' (one persistent launch; docs/fused.md says where each is faster). Every rank must pass the
+    same one."""
     _run("fp8_fp4", y, l1_weights, l2_weights, sym_buffer, cumulative_local_expert_recv_stats, recipe, activation,
-         activation_clamp, shared_l1_weights, shared_l2_weights, num_tokens)
+         activation_clamp, shared_l1_weights, shared_l2_weights, num_tokens, schedule)
 
 
 def fp8_mega_moe(y: torch.Tensor, l1_weights: MegaMoeWeights, l2_weights: MegaMoeWeights, sym_buffer: Buffer,
@@ -479,18 +487,20 @@ def fp8_mega_moe(y: torch.Tensor, l1_weights: MegaMoeWeights, l2_weights: MegaMo
                  recipe: Optional[Tuple[int, int, int]] = None, activation: str = "swiglu",
                  activation_clamp: Optional[float] = None, fast_math: bool = True, *,
                  shared_l1_weights: Optional[MegaMoeWeights] = None,
-                 shared_l2_weights: Optional[MegaMoeWeights] = None, num_tokens: Optional[int] = None) -> None:
+                 shared_l2_weights: Optional[MegaMoeWeights] = None, num_tokens: Optional[int] = None,
+                 schedule: str = "staged") -> None:
     """As :func:`fp8_fp4_mega_moe` with FP8 weights in 128x128 blocks (DeepSeek-V3's); ``recipe`` (1, 128,
     128) or None."""
     _run("fp8", y, l1_weights, l2_weights, sym_buffer, cumulative_local_expert_recv_stats, recipe, activation,
-         activation_clamp, shared_l1_weights, shared_l2_weights, num_tokens)
+         activation_clamp, shared_l1_weights, shared_l2_weights, num_tokens, schedule)
 
 
 def bf16_mega_moe(y: torch.Tensor, l1_weights: MegaMoeWeights, l2_weights: MegaMoeWeights, sym_buffer: Buffer,
                   cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None, activation: str = "swiglu",
                   activation_clamp: Optional[float] = None, fast_math: bool = True, *,
                   shared_l1_weights: Optional[MegaMoeWeights] = None,
-                  shared_l2_weights: Optional[MegaMoeWeights] = None, num_tokens: Optional[int] = None) -> None:
+                  shared_l2_weights: Optional[MegaMoeWeights] = None, num_tokens: Optional[int] = None,
+                  schedule: str = "staged") -> None:
     """As :func:`fp8_fp4_mega_moe` with BF16 activations and weights (DeepGEMM's bf16_mega_moe signature)."""
     _run("bf16", y, l1_weights, l2_weights, sym_buffer, cumulative_local_expert_recv_stats, None, activation,
-         activation_clamp, shared_l1_weights, shared_l2_weights, num_tokens)
+         activation_clamp, shared_l1_weights, shared_l2_weights, num_tokens, schedule)

@@ -394,7 +394,9 @@ struct PyBuffer {
   // One call on the buffer's own input regions (x, x_scales, topk_idx, topk_weights rows [0, num_tokens)),
   // after converting the MX staging tensors into them when `convert_mx`: only y and recv_stats cross.
   void run_from_buffer(const std::string& kind, int32_t num_tokens, const PyLayerWeights& weights, const Array& y,
-                       uintptr_t stream, const nb::object& recv_stats, float activation_clamp, bool convert_mx) {
+                       uintptr_t stream, const nb::object& recv_stats, float activation_clamp, bool convert_mx,
+                       const std::string& schedule) {
+    const CallOptions options = call_options(schedule);
     SymmBuffer& b = get();
     const Problem& p = b.problem();
     require(weights.recipe == p.recipe, "weights", "were prepared for recipe ", to_string(weights.recipe),
@@ -420,19 +422,25 @@ struct PyBuffer {
                              TensorView::contiguous(mx_scales, DType::ue8m0, {n, p.hidden / kMxBlock}, Device::cuda),
                              in.x, in.x_scales, s);
     }
-    launch(kind, b, in, weights, out, s, stats);
+    launch(kind, b, in, weights, out, s, stats, options);
+  }
+
+  static CallOptions call_options(const std::string& schedule) {
+    Schedule parsed = Schedule::staged;
+    require(parse_schedule(schedule, parsed), "schedule", "must be 'staged' or 'fused', got '", schedule, "'");
+    return CallOptions{parsed};
   }
 
   static void launch(const std::string& kind, SymmBuffer& b, const LayerInputs& in, const PyLayerWeights& weights,
-                     const TensorView& out, cudaStream_t s, const TensorView& stats) {
+                     const TensorView& out, cudaStream_t s, const TensorView& stats, const CallOptions& options) {
     if (kind == "fp8") {
-      fp8_mega_moe(b, in, weights.view, out, s, stats);
+      fp8_mega_moe(b, in, weights.view, out, s, stats, options);
     } else if (kind == "fp8_fp4") {
-      fp8_fp4_mega_moe(b, in, weights.view, out, s, stats);
+      fp8_fp4_mega_moe(b, in, weights.view, out, s, stats, options);
     } else if (kind == "bf16") {
-      bf16_mega_moe(b, in, weights.view, out, s, stats);
+      bf16_mega_moe(b, in, weights.view, out, s, stats, options);
     } else {
-      mega_moe(b, in, weights.view, out, s, stats);
+      mega_moe(b, in, weights.view, out, s, stats, options);
     }
   }
 
@@ -446,7 +454,8 @@ struct PyBuffer {
   // One call of the layer. x_scales may be None for bf16, recv_stats for none.
   void run(const std::string& kind, int32_t num_tokens, const Array& x, const nb::object& x_scales, const Array& topk_idx,
            const Array& topk_weights, const PyLayerWeights& weights, const Array& y, uintptr_t stream,
-           const nb::object& recv_stats, float activation_clamp) {
+           const nb::object& recv_stats, float activation_clamp, const std::string& schedule) {
+    const CallOptions options = call_options(schedule);
     SymmBuffer& b = get();
     const Problem& p = b.problem();
     require(weights.recipe == p.recipe, "weights", "were prepared for recipe ", to_string(weights.recipe),
@@ -465,7 +474,7 @@ struct PyBuffer {
     if (!recv_stats.is_none()) stats = device_view(nb::cast<Array>(recv_stats), "recv_stats", DType::i64, device);
     nb::gil_scoped_release release;
     set_device(device);
-    launch(kind, b, in, weights, out, as_stream(stream), stats);
+    launch(kind, b, in, weights, out, as_stream(stream), stats, options);
   }
 };
 
@@ -832,9 +841,10 @@ NB_MODULE(_megamoe, m) {
       .def("destroy", &PyBuffer::destroy)
       .def("set_mx_staging", &PyBuffer::set_mx_staging, "x"_a, "x_sf"_a)
       .def("run_from_buffer", &PyBuffer::run_from_buffer, "kind"_a, "num_tokens"_a, "weights"_a, "y"_a, "stream"_a,
-           "recv_stats"_a.none(), "activation_clamp"_a, "convert_mx"_a)
+           "recv_stats"_a.none(), "activation_clamp"_a, "convert_mx"_a, "schedule"_a = "staged")
       .def("run", &PyBuffer::run, "kind"_a, "num_tokens"_a, "x"_a, "x_scales"_a.none(), "topk_idx"_a,
-           "topk_weights"_a, "weights"_a, "y"_a, "stream"_a, "recv_stats"_a.none(), "activation_clamp"_a);
+           "topk_weights"_a, "weights"_a, "y"_a, "stream"_a, "recv_stats"_a.none(), "activation_clamp"_a,
+           "schedule"_a = "staged");
 
   m.def("convert_mx_activations", &convert_mx, "x"_a, "x_sf"_a, "x_out"_a, "x_scales"_a, "stream"_a);
   m.def("convert_mx_activations_host", &convert_mx_host, "x"_a, "x_sf"_a);

@@ -1,6 +1,6 @@
 """megamoe.torch on one GPU, one process (an NCCL communicator of one rank), against the CPU reference:
 every recipe, shared experts, masked routes, the activation clamp, MX activations, receive statistics,
-a CUDA-graph-captured call, device errors and argument errors."""
+a CUDA-graph-captured call, both schedules, device errors and argument errors."""
 
 import numpy as np
 import pytest
@@ -29,11 +29,11 @@ def layer(request):
     buffer.destroy()
 
 
-def run(p, buffer, weights, parts, batch, clamp=None, stats=None, mx=None, recipe=None):
+def run(p, buffer, weights, parts, batch, clamp=None, stats=None, mx=None, recipe=None, schedule="staged"):
     n = write_inputs(buffer, batch, mx)
     y = torch.empty((n, p.hidden), dtype=torch.bfloat16, device="cuda")
     l1, l2, sl1, sl2 = parts
-    kwargs = dict(shared_l1_weights=sl1, shared_l2_weights=sl2)
+    kwargs = dict(shared_l1_weights=sl1, shared_l2_weights=sl2, schedule=schedule)
     if p.recipe != "bf16":
         kwargs["recipe"] = recipe
     CALLS[p.recipe](y, l1, l2, buffer, stats, activation_clamp=clamp, **kwargs)
@@ -52,6 +52,18 @@ def test_layer_matches_the_reference(layer, tokens, clamp, masked):
     if tokens:
         error = ref.normalized_error(y_bits(y), want[0])
         assert error < bound(p.recipe, tokens), f"{p.recipe}: error {error}"
+    np.testing.assert_array_equal(stats.cpu().numpy(), counts[0])
+
+
+@pytest.mark.parametrize("tokens", [1, 37])
+def test_fused_schedule_matches_the_reference(layer, tokens):
+    p, buffer, weights, parts = layer
+    batches, _ = ref.random_layer(p, [tokens], seed=tokens + 11, masked=0.1)
+    stats = torch.zeros(p.experts_per_rank, dtype=torch.int32, device="cuda")
+    y = run(p, buffer, weights, parts, batches[0], stats=stats, schedule="fused")
+    want, counts = ref.cpp_mega_moe(p, batches, weights)
+    error = ref.normalized_error(y_bits(y), want[0])
+    assert error < bound(p.recipe, tokens), f"{p.recipe}, fused: error {error}"
     np.testing.assert_array_equal(stats.cpu().numpy(), counts[0])
 
 
@@ -182,6 +194,8 @@ def test_argument_errors_name_the_argument(layer):
         call(y, l1, l2, buffer, activation_clamp=-1.0, **shared)
     with pytest.raises(ValueError, match="^activation:"):
         call(y, l1, l2, buffer, activation="gelu", **shared)
+    with pytest.raises(ValueError, match="^schedule: must be 'staged' or 'fused'"):
+        call(y, l1, l2, buffer, schedule="overlapped", **shared)
     with pytest.raises(ValueError, match="^sym_buffer"):
         call(y, l1, l2, object(), **shared)
     with pytest.raises(ValueError, match="^l1_weights"):
