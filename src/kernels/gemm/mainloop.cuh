@@ -107,8 +107,8 @@ __device__ __forceinline__ void issue_unit(const SharedStorage<Config>& smem, Ri
   const Tile& tile = unit.tile;
   const MainloopArgs& args = job.args;
   const int32_t weight_row = static_cast<int32_t>(tile.group * args.n_out + tile.m_tile * Config::kBlockM);
-  // Decode tiles read each weight byte once per call: evicted first, those bytes leave in L2 what the
-  // next call reads again (its code, tables and counters, the L1 output L2 reads).
+  // Decode tiles read each weight byte once per call: loaded evict-first, the weights do not push out
+  // of L2 what is read again (the next call's code, tables and counters; the L1 output L2 reads).
   constexpr bool kEvictWeightsFirst = Config::kLayout == TileLayout::weights_on_m;
   const uint64_t weight_policy = kEvictWeightsFirst ? ptx::l2_evict_first_policy() : 0;
   const auto load_weights = [&](void* destination, const int32_t(&coords)[2], uint64_t* barrier) {
