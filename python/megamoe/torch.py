@@ -411,12 +411,12 @@ def _check_y(y, buffer: Buffer) -> int:
     return y.shape[0]
 
 
-SCHEDULES = ("staged", "fused")
+_SCHEDULES = ("staged", "fused")
 
 
 def _run(kind: str, y, l1_weights, l2_weights, sym_buffer: Buffer, stats, recipe, activation, activation_clamp,
          shared_l1_weights, shared_l2_weights, num_tokens, schedule):
-    if schedule not in SCHEDULES:
+    if schedule not in _SCHEDULES:
         raise ValueError(f"schedule: must be 'staged' or 'fused', got {schedule!r}")
     if not isinstance(sym_buffer, Buffer):
         raise ValueError(f"sym_buffer: must be a megamoe.torch.Buffer, got {type(sym_buffer).__name__}")

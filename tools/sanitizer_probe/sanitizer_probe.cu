@@ -11,8 +11,8 @@
 //                  fused kernel's combine loop, fused_layer.cuh: group_flag), with a third warp of
 //                  the block outside the named barrier, as the fused kernel's other roles are;
 //   claim_loop:    group_flag's word also holding the next claimed unit, three barriers per
-//                  unit (the fused kernel's combine loop, fused_layer.cuh: math_fused); not
-//                  reported at 9b65a85, where the kernel's loop is;
+//                  unit (the fused kernel's combine loop, fused_layer.cuh: math_fused); at
+//                  9b65a85 racecheck reported the kernel's loop but not this one;
 //   claim_polled:  the same with the flag computed as the kernel does, by a polling loop of thread
 //                  0 alone (rank_wait), the rest of its warp at the barrier (not yet run);
 //   bulk_copy:     one thread's cp.async.bulk fills shared memory and completes an mbarrier's

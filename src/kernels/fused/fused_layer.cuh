@@ -507,7 +507,8 @@ __device__ void convert_fused(FusedScheduler<Config>& s, uint32_t thread, uint32
   }
 }
 
-// Pull rows in flight per lane of the dispatch warps (40 registers in prefill configs hold four 16-byte vectors).
+// Pull rows in flight per lane of the dispatch warps (in prefill configs their 40 registers hold
+// four 16-byte vectors).
 inline constexpr int kDispatchPullUnroll = 4;
 
 // A send unit: this unit's tokens' inputs into the buffer, their routes counted and scattered; the
