@@ -88,11 +88,13 @@ int64_t fused_trace_bytes(const SymmBuffer& buffer);
 bool fused_trace_compiled();
 
 // Views of the buffer's own input regions: a caller that writes x, x_scales and topk_weights there
-// saves the copy the layer otherwise makes (peers read these rows from this rank's buffer).
+// saves the copy the layer otherwise makes (peers read these rows from this rank's buffer). They hold
+// one wave: num_tokens is at most Problem::tokens_per_wave().
 LayerInputs buffer_input_views(const SymmBuffer& buffer, int32_t num_tokens, const TensorView& topk_idx);
 
-// y: [num_tokens, hidden] bf16. recv_stats (optional): [experts_per_rank] i64, to which each call adds
-// the routes every local expert received (for expert-load balancing).
+// y: [num_tokens, hidden] bf16. A call of more tokens than one wave (Problem::wave_tokens) runs its
+// waves one after the other on `stream`. recv_stats (optional): [experts_per_rank] i64, to which each
+// call adds the routes every local expert received (for expert-load balancing).
 // Errors found on the device (an expert id outside [-1, num_experts), a stuck wait) are recorded in
 // the buffer; SymmBuffer::check_device_error reports them.
 void fp8_mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
@@ -108,7 +110,8 @@ void mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights&
 
 namespace detail {
 // The staged call's L1 and L2 launches alone, on the rows the previous call with the same inputs
-// left in the buffer: the GEMM-only time of a call, for benchmarks (megamoe bench's gemm_only_us).
+// left in the buffer: the GEMM-only time of a one-wave call, for benchmarks (megamoe bench's
+// gemm_only_us).
 void expert_gemms(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, cudaStream_t stream);
 }  // namespace detail
 

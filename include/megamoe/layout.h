@@ -1,26 +1,27 @@
 // The symmetric buffer's layout, shared by host and device: every offset and size is computed here
 // and nowhere else. Sizes depend only on the Problem (never on a call's token count), so every rank
-// computes the same layout and the same total.
+// computes the same layout and the same total. The token-sized regions and the pools hold one wave
+// (Problem::wave_tokens): `tokens` below is the tokens per rank of one wave.
 //
 // Regions, in order (each starts on a kRegionAlign boundary):
 //   control            counters and flags: barrier epochs, per-expert send counts, error record
 //   recv_count         [experts_per_rank][num_ranks] u32      routes each source rank sends to each local expert
 //   expert_rows        [experts_per_rank + 1] u32            prefix sum of received routes: the pool's expert offsets
-//   x                  [max_tokens][hidden] activation       this rank's tokens (peers pull from here)
-//   x_scales           [max_tokens][hidden / 128] f32        fp8 recipes only
-//   topk_idx           [max_tokens][top_k] i32
-//   topk_weights       [max_tokens][top_k] f32
-//   src_index          [experts_per_rank][num_ranks][max_tokens] u32   token * top_k + k, scattered by source ranks
+//   x                  [tokens][hidden] activation           this rank's tokens (peers pull from here)
+//   x_scales           [tokens][hidden / 128] f32            fp8 recipes only
+//   topk_idx           [tokens][top_k] i32
+//   topk_weights       [tokens][top_k] f32
+//   src_index          [experts_per_rank][num_ranks][tokens] u32   token * top_k + k, scattered by source ranks
 //   pool_source        [pool_rows] PoolSource                 where each pool row came from
 //   pool_weight        [pool_rows] f32                        its route weight
 //   l1_pool            [pool_rows][hidden] activation         expert-major: expert e's rows start at expert_rows[e]
 //   l1_pool_scales     [hidden / 128][pool_rows] f32          K-block-major, so one TMA box holds a tile's scales
 //   l2_pool            [pool_rows][intermediate] activation   L1 output (SwiGLU x route weight, re-quantized)
 //   l2_pool_scales     [intermediate / 128][pool_rows] f32
-//   shared_x_scales    [hidden / 128][max_tokens] f32         x's scales K-block-major, for the shared experts' L1
-//   shared_l2          [max_tokens][S * intermediate] activation   shared experts' L1 output
-//   shared_l2_scales   [S * intermediate / 128][max_tokens] f32
-//   combine            [max_tokens][top_k + 1][hidden] bf16   L2 results, written by the owners; slot top_k = shared
+//   shared_x_scales    [hidden / 128][tokens] f32             x's scales K-block-major, for the shared experts' L1
+//   shared_l2          [tokens][S * intermediate] activation   shared experts' L1 output
+//   shared_l2_scales   [S * intermediate / 128][tokens] f32
+//   combine            [tokens][top_k + 1][hidden] bf16       L2 results, written by the owners; slot top_k = shared
 //   front_ring         the streaming front ring (docs/streaming.md), when front_num_slots > 0
 //   gemm_split         kGemmSplitWorkspaceBytes: the grouped GEMM's split-K counters and partial sums (local)
 //   fused_counters     the fused schedule's readiness counters (local, zero between calls): rows pulled per
@@ -138,8 +139,8 @@ struct Region {
 struct BufferLayout {
   // Derived sizes.
   uint32_t experts_per_rank = 0;
-  uint32_t max_tokens = 0;          // max_tokens_per_rank rounded up to a multiple of 4
-  uint32_t recv_capacity = 0;       // routes a call may send this rank (recv_capacity_rows)
+  uint32_t wave_tokens = 0;         // Problem::tokens_per_wave() rounded up to a multiple of 4
+  uint32_t recv_capacity = 0;       // routes a wave may send this rank (recv_capacity_rows)
   uint32_t pool_rows = 0;           // rows of the expert-major pools: recv_capacity and a tile's overhang
   uint32_t hidden_blocks = 0;       // hidden / 128
   uint32_t intermediate_blocks = 0; // intermediate / 128
@@ -154,13 +155,13 @@ struct BufferLayout {
       shared_l2_scales, combine, front_ring, gemm_split, fused_counters;
   uint64_t total_bytes = 0;
 
-  // Worst case of rows one rank's pool must hold: every source rank sends every token to this
-  // rank, each with as many distinct local experts as top-k allows.
+  // Worst case of rows one rank's pool must hold: every source rank sends every token of a wave to
+  // this rank, each with as many distinct local experts as top-k allows.
   MEGAMOE_HD static uint64_t worst_case_pool_rows(const Problem& p) {
-    return static_cast<uint64_t>(p.num_ranks) * static_cast<uint64_t>(p.max_tokens_per_rank) *
+    return static_cast<uint64_t>(p.num_ranks) * static_cast<uint64_t>(p.tokens_per_wave()) *
            static_cast<uint64_t>(p.max_routes_per_token_to_rank());
   }
-  // The routes a call may send one rank: Problem::recv_capacity, or the worst case (0, or larger).
+  // The routes a wave may send one rank: Problem::recv_capacity, or the worst case (0, or larger).
   MEGAMOE_HD static uint64_t recv_capacity_rows(const Problem& p) {
     const uint64_t worst = worst_case_pool_rows(p);
     const uint64_t capacity = p.recv_capacity > 0 ? static_cast<uint64_t>(p.recv_capacity) : worst;
@@ -171,7 +172,7 @@ struct BufferLayout {
     BufferLayout l;
     const bool scaled = p.recipe != Recipe::bf16;
     l.experts_per_rank = static_cast<uint32_t>(p.experts_per_rank());
-    l.max_tokens = static_cast<uint32_t>(align_up(static_cast<uint64_t>(p.max_tokens_per_rank), 4));
+    l.wave_tokens = static_cast<uint32_t>(align_up(static_cast<uint64_t>(p.tokens_per_wave()), 4));
     l.recv_capacity = static_cast<uint32_t>(recv_capacity_rows(p));
     l.pool_rows = static_cast<uint32_t>(align_up(uint64_t{l.recv_capacity} + kPoolRowAlign - 1, kPoolRowAlign));
     l.hidden_blocks = static_cast<uint32_t>(p.hidden / kScaleBlock);
@@ -179,7 +180,7 @@ struct BufferLayout {
     l.shared_intermediate = static_cast<uint32_t>(p.num_shared_experts * p.intermediate);
     l.activation_bytes = p.recipe == Recipe::bf16 ? 2u : 1u;
 
-    const uint64_t tokens = l.max_tokens;
+    const uint64_t tokens = l.wave_tokens;
     const uint64_t rows = l.pool_rows;
     const uint64_t act = l.activation_bytes;
     uint64_t cursor = 0;
@@ -260,7 +261,7 @@ struct BufferLayout {
     return at<uint32_t>(base, recv_count) + local_expert * num_ranks + src_rank;
   }
   MEGAMOE_HD uint32_t* src_index_ptr(void* base, uint32_t local_expert, uint32_t src_rank, uint32_t num_ranks) const {
-    return at<uint32_t>(base, src_index) + (static_cast<uint64_t>(local_expert) * num_ranks + src_rank) * max_tokens;
+    return at<uint32_t>(base, src_index) + (static_cast<uint64_t>(local_expert) * num_ranks + src_rank) * wave_tokens;
   }
   MEGAMOE_HD FusedCounters fused(void* base) const {
     uint32_t* first = at<uint32_t>(base, fused_counters);

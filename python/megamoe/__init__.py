@@ -25,10 +25,11 @@ __all__ = ["__version__", "Problem", "RECIPES", "make_problem", "presets", "pres
 
 def make_problem(*, num_experts: int, top_k: int, hidden: int, intermediate: int, max_tokens_per_rank: int,
                  num_ranks: int = 1, rank: int = 0, num_shared_experts: int = 0, recipe: str = "fp8",
-                 recv_capacity: int = 0, validate: bool = True) -> Problem:
+                 recv_capacity: int = 0, wave_tokens: int = 0, validate: bool = True) -> Problem:
     """A Problem from keywords; validated unless validate=False (ValueError names the field and rule).
-    ``recv_capacity``: the routes one rank's expert pools hold per call (0: the worst case); a call past
-    it is refused on every rank and ``check_device_error`` raises (e.g. ``2 * problem.mean_recv_routes``)."""
+    ``recv_capacity``: the routes one rank's expert pools hold per wave (0: the worst case); a wave past
+    it is refused on every rank and ``check_device_error`` raises (e.g. ``2 * problem.mean_recv_routes``).
+    ``wave_tokens``: tokens per rank of one wave (0: the whole call); the buffer holds one wave."""
     problem = Problem()
     problem.num_ranks = num_ranks
     problem.rank = rank
@@ -40,6 +41,7 @@ def make_problem(*, num_experts: int, top_k: int, hidden: int, intermediate: int
     problem.max_tokens_per_rank = max_tokens_per_rank
     problem.recipe = recipe
     problem.recv_capacity = recv_capacity
+    problem.wave_tokens = wave_tokens
     if validate:
         problem.validate()
     return problem

@@ -62,7 +62,7 @@ def _nccl_communicator(group, device: int):
 def _copy_problem(problem):
     copy = _megamoe.Problem()
     for name in ("num_ranks", "rank", "num_experts", "top_k", "hidden", "intermediate", "num_shared_experts",
-                 "max_tokens_per_rank", "recipe", "recv_capacity"):
+                 "max_tokens_per_rank", "recipe", "recv_capacity", "wave_tokens"):
         setattr(copy, name, getattr(problem, name))
     return copy
 
@@ -126,6 +126,10 @@ class Buffer:
             problem.num_ranks, problem.rank = size, rank
         if recv_capacity is not None:
             problem.recv_capacity = recv_capacity
+        if problem.waves_per_call > 1:
+            # Its inputs live in the symmetric buffer, whose regions hold one wave.
+            raise ValueError(f"wave_tokens: {problem.wave_tokens} splits a call into {problem.waves_per_call} waves; "
+                             "the torch Buffer runs one wave per call (use wave_tokens=0)")
         if activation_scales not in ("block", "mx"):
             raise ValueError(f"activation_scales: must be 'block' or 'mx', got {activation_scales!r}")
         if activation_scales == "mx" and problem.recipe != "fp8_fp4":

@@ -341,13 +341,13 @@ struct PyBuffer {
     buffer.reset();
   }
 
-  // A region of the buffer's inputs as a CUDA array of max_tokens_per_rank rows, owned by `self`.
+  // A region of the buffer's inputs as a CUDA array of one wave's rows (tokens_per_wave), owned by `self`.
   static Array region(nb::handle self_handle, const std::string& name) {
     PyBuffer& self = nb::cast<PyBuffer&>(self_handle);
     SymmBuffer& b = self.get();
     const Problem& p = b.problem();
     const BufferLayout& l = b.layout();
-    const size_t rows = static_cast<size_t>(p.max_tokens_per_rank);
+    const size_t rows = static_cast<size_t>(p.tokens_per_wave());
     const Region* region = nullptr;
     size_t cols = 0;
     nb::dlpack::dtype dtype = nb::dtype<uint8_t>();
@@ -782,6 +782,9 @@ NB_MODULE(_megamoe, m) {
       .def_rw("num_shared_experts", &Problem::num_shared_experts)
       .def_rw("max_tokens_per_rank", &Problem::max_tokens_per_rank)
       .def_rw("recv_capacity", &Problem::recv_capacity)
+      .def_rw("wave_tokens", &Problem::wave_tokens)
+      .def_prop_ro("tokens_per_wave", &Problem::tokens_per_wave)
+      .def_prop_ro("waves_per_call", &Problem::waves_per_call)
       .def_prop_ro("mean_recv_routes", &Problem::mean_recv_routes)
       .def_prop_rw(
           "recipe", [](const Problem& p) { return std::string(to_string(p.recipe)); },

@@ -62,3 +62,16 @@ def test_recv_capacity_bounds_the_buffer():
     with pytest.raises(ValueError, match="recv_capacity"):
         megamoe.make_problem(num_experts=8, top_k=2, hidden=256, intermediate=256, max_tokens_per_rank=16,
                              recv_capacity=-1)
+
+
+def test_wave_tokens_bound_the_buffer():
+    shape = dict(num_experts=256, top_k=8, hidden=7168, intermediate=2048, max_tokens_per_rank=8192, num_ranks=8,
+                 num_shared_experts=1)
+    whole = megamoe.make_problem(**shape)
+    waves = megamoe.make_problem(**shape, wave_tokens=4096, recv_capacity=2 * 4096 * 8)
+    assert (whole.waves_per_call, waves.waves_per_call) == (1, 2)
+    assert waves.tokens_per_wave == 4096 and waves.mean_recv_routes == 4096 * 8
+    assert waves.buffer_bytes <= 1.5 * 2 ** 30
+    assert "wave_tokens=4096" in waves.describe()
+    with pytest.raises(ValueError, match="wave_tokens"):
+        megamoe.make_problem(**shape, wave_tokens=-1)

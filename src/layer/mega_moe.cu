@@ -93,7 +93,7 @@ gemm::GemmOperands expert_operands(const Problem& p, const BufferLayout& l, char
   o.weight_shifts = weight_shifts.as<const uint8_t>();
   o.acts = local + acts.offset;
   o.act_scales = p.recipe != Recipe::bf16 ? BufferLayout::at<float>(local, act_scales) : nullptr;
-  o.act_rows = shared ? l.max_tokens : l.pool_rows;
+  o.act_rows = shared ? l.wave_tokens : l.pool_rows;
   o.groups = shared ? gemm::GroupRows{nullptr, 1, rows}
                     : gemm::GroupRows{BufferLayout::at<uint32_t>(local, l.expert_rows), l.experts_per_rank, 0};
   o.tile = tile;
@@ -123,10 +123,12 @@ struct CallPlan {
   int grid;
   float clamp;  // before SwiGLU (megamoe/activation.h)
 
-  CallPlan(SymmBuffer& buffer, const LayerInputs& in, const TensorView& y, const TensorView& recv_stats)
+  // `in`: one wave, whose first token is the call's token `first_token`.
+  CallPlan(SymmBuffer& buffer, const LayerInputs& in, const TensorView& y, const TensorView& recv_stats,
+           int64_t first_token = 0)
       : p(buffer.problem()), l(buffer.layout()), local(buffer.local()), view(buffer.view()) {
     dispatch = {view, l, p, in.num_tokens, in.topk_idx.as<int32_t>(),
-                recv_stats.empty() ? nullptr : recv_stats.as<int64_t>()};
+                recv_stats.empty() ? nullptr : recv_stats.as<int64_t>(), static_cast<uint32_t>(first_token)};
     staged = {{staged_copy(in.x, local + l.x.offset),
                p.recipe != Recipe::bf16 ? staged_copy(in.x_scales, local + l.x_scales.offset) : dispatch::StagedCopy{},
                staged_copy(in.topk_weights, local + l.topk_weights.offset)}};
@@ -152,7 +154,7 @@ struct CallPlan {
     const bool scaled = p.recipe != Recipe::bf16;  // E4M3 activations with 1x128 scales
     if (is_shared)
       return {local + l.shared_l2.offset, scaled ? BufferLayout::at<float>(local, l.shared_l2_scales) : nullptr,
-              nullptr, l.max_tokens, clamp};
+              nullptr, l.wave_tokens, clamp};
     return {local + l.l2_pool.offset, scaled ? BufferLayout::at<float>(local, l.l2_pool_scales) : nullptr,
             BufferLayout::at<float>(local, l.pool_weight), l.pool_rows, clamp};
   }
@@ -252,15 +254,44 @@ void run_fused(const CallPlan& c, const LayerWeights& w, const CallOptions& opti
   fused::launch(f, c.grid, stream);
 }
 
+// Rows [begin, begin + count) of a tensor whose rows are tokens (checked contiguous).
+TensorView token_rows(const TensorView& whole, int64_t begin, int64_t count) {
+  if (whole.empty()) return whole;
+  TensorView part = whole;
+  part.data = static_cast<char*>(whole.data) + begin * whole.strides[0] * element_bytes(whole.dtype);
+  part.shape[0] = count;
+  return part;
+}
+
+// A call runs as Problem::waves_per_call() waves, each a whole call over the next tokens_per_wave()
+// tokens of every rank (layout.h: the buffer holds one wave). Every rank runs every wave, empty ones
+// too, so the ranks agree on the waves without telling each other their token counts.
 void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w, const TensorView& y,
                cudaStream_t stream, const TensorView& recv_stats, const CallOptions& options) {
-  check_inputs(buffer.problem(), in, y, recv_stats);
-  check_weights(buffer.problem(), w);
-  const CallPlan plan(buffer, in, y, recv_stats);
+  const Problem& p = buffer.problem();
+  check_inputs(p, in, y, recv_stats);
+  check_weights(p, w);
   require(options.trace.empty() || options.schedule == Schedule::fused, "options.trace",
           "is the fused schedule's event log; the staged schedule takes none");
-  if (options.schedule == Schedule::fused) run_fused(plan, w, options, stream);
-  else run_staged(buffer, plan, w, stream);
+  const int64_t wave_tokens = p.tokens_per_wave();
+  for (int32_t wave = 0; wave < p.waves_per_call(); ++wave) {
+    const int64_t begin = std::min<int64_t>(in.num_tokens, wave * wave_tokens);
+    const int64_t count = std::min<int64_t>(in.num_tokens - begin, wave_tokens);
+    LayerInputs part = in;
+    part.num_tokens = static_cast<int32_t>(count);
+    part.x = token_rows(in.x, begin, count);
+    part.x_scales = token_rows(in.x_scales, begin, count);
+    part.topk_idx = token_rows(in.topk_idx, begin, count);
+    part.topk_weights = token_rows(in.topk_weights, begin, count);
+    const CallPlan plan(buffer, part, token_rows(y, begin, count), recv_stats, begin);
+    if (options.schedule == Schedule::fused) {
+      CallOptions wave_options = options;
+      if (wave > 0) wave_options.trace = {};  // the event log covers the first wave
+      run_fused(plan, w, wave_options, stream);
+    } else {
+      run_staged(buffer, plan, w, stream);
+    }
+  }
 }
 
 }  // namespace
@@ -275,6 +306,8 @@ int64_t fused_trace_bytes(const SymmBuffer& buffer) {
 void detail::expert_gemms(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights,
                           cudaStream_t stream) {
   const Problem& p = buffer.problem();
+  require(inputs.num_tokens <= p.tokens_per_wave(), "inputs.num_tokens", "must be at most one wave (",
+          p.tokens_per_wave(), " tokens): the GEMMs run on the rows of the last wave, got ", inputs.num_tokens);
   const TensorView y = TensorView::contiguous(nullptr, DType::bf16, {inputs.num_tokens, p.hidden}, Device::cuda);
   check_weights(p, weights);
   run_expert_gemms(CallPlan(buffer, inputs, y, {}), weights, stream);
@@ -283,8 +316,8 @@ void detail::expert_gemms(SymmBuffer& buffer, const LayerInputs& inputs, const L
 LayerInputs buffer_input_views(const SymmBuffer& buffer, int32_t num_tokens, const TensorView& topk_idx) {
   const Problem& p = buffer.problem();
   const BufferLayout& l = buffer.layout();
-  require(num_tokens >= 0 && num_tokens <= p.max_tokens_per_rank, "num_tokens", "must be in [0, ",
-          p.max_tokens_per_rank, "], got ", num_tokens);
+  require(num_tokens >= 0 && num_tokens <= p.tokens_per_wave(), "num_tokens", "must be in [0, ", p.tokens_per_wave(),
+          "] (the buffer's regions hold one wave of tokens), got ", num_tokens);
   char* local = buffer.local();
   LayerInputs in;
   in.num_tokens = num_tokens;

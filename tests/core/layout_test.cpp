@@ -226,6 +226,29 @@ TEST(BufferLayout, RecvCapacityBoundsThePools) {
   EXPECT_EQ(BufferLayout::make(p).total_bytes, worst.total_bytes);
 }
 
+// Waves shrink every token-sized region and the pools' worst case by the wave's share of the call.
+// DeepSeek-V3 at 8 ranks x 8192 tokens in waves of 4096 with twice the mean routes fits 1.5 GiB.
+TEST(BufferLayout, WavesBoundTheBuffer) {
+  Problem p = deepseek_v3();
+  p.num_ranks = 8;
+  const BufferLayout whole = BufferLayout::make(p);
+  p.wave_tokens = 4096;
+  const BufferLayout half = BufferLayout::make(p);
+  expect_well_formed(half, "waves");
+  EXPECT_EQ(half.wave_tokens, 4096u);
+  EXPECT_EQ(half.recv_capacity, 8u * 4096 * 8);
+  EXPECT_EQ(half.combine.bytes * 2, whole.combine.bytes);
+  EXPECT_EQ(half.x.bytes * 2, whole.x.bytes);
+  EXPECT_EQ(half.src_index.bytes * 2, whole.src_index.bytes);
+  p.recv_capacity = 2 * p.mean_recv_routes();  // 65536 routes: twice a wave's uniform routing
+  const BufferLayout bounded = BufferLayout::make(p);
+  EXPECT_EQ(bounded.recv_capacity, 65536u);
+  EXPECT_LE(bounded.total_bytes, 3ull << 29);  // 1.5 GiB
+  std::printf("deepseek-v3, 8 ranks x 8192 tokens in waves of 4096: %.2f GiB worst case, %.2f GiB at capacity "
+              "2x the mean\n",
+              half.total_bytes / double(1ull << 30), bounded.total_bytes / double(1ull << 30));
+}
+
 TEST(BufferLayout, DeepSeekV3HandComputedSizes) {
   const Problem p = deepseek_v3();
   const BufferLayout l = BufferLayout::make(p);
@@ -233,7 +256,7 @@ TEST(BufferLayout, DeepSeekV3HandComputedSizes) {
 
   // 128 experts per rank; a token sends min(8, 128) = 8 routes to one rank at most.
   EXPECT_EQ(l.experts_per_rank, 128u);
-  EXPECT_EQ(l.max_tokens, 8192u);
+  EXPECT_EQ(l.wave_tokens, 8192u);
   // Worst case 2 ranks * 8192 tokens * 8 routes = 131072 rows; plus 255 rows of tile slack, rounded
   // up to 256: 131328 pool rows.
   EXPECT_EQ(BufferLayout::worst_case_pool_rows(p), 131072u);
@@ -369,14 +392,14 @@ TEST(BufferLayout, AccessorsStayInsideTheirRegions) {
     EXPECT_EQ(offset_of(l.recv_count_ptr(base, l.experts_per_rank - 1, ranks - 1, ranks) + 1), l.recv_count.end());
 
     EXPECT_EQ(offset_of(l.src_index_ptr(base, 0, 0, ranks)), l.src_index.offset);
-    EXPECT_EQ(offset_of(l.src_index_ptr(base, l.experts_per_rank - 1, ranks - 1, ranks) + l.max_tokens),
+    EXPECT_EQ(offset_of(l.src_index_ptr(base, l.experts_per_rank - 1, ranks - 1, ranks) + l.wave_tokens),
               l.src_index.end());
     // Neighbouring (expert, rank) lists do not overlap.
-    EXPECT_EQ(l.src_index_ptr(base, 0, 1, ranks) - l.src_index_ptr(base, 0, 0, ranks), l.max_tokens);
-    EXPECT_EQ(l.src_index_ptr(base, 1, 0, ranks) - l.src_index_ptr(base, 0, 0, ranks), ranks * l.max_tokens);
+    EXPECT_EQ(l.src_index_ptr(base, 0, 1, ranks) - l.src_index_ptr(base, 0, 0, ranks), l.wave_tokens);
+    EXPECT_EQ(l.src_index_ptr(base, 1, 0, ranks) - l.src_index_ptr(base, 0, 0, ranks), ranks * l.wave_tokens);
 
     EXPECT_EQ(offset_of(l.combine_slot(base, 0, 0, slots, hidden)), l.combine.offset);
-    EXPECT_EQ(offset_of(l.combine_slot(base, l.max_tokens - 1, slots - 1, slots, hidden) + hidden), l.combine.end());
+    EXPECT_EQ(offset_of(l.combine_slot(base, l.wave_tokens - 1, slots - 1, slots, hidden) + hidden), l.combine.end());
     EXPECT_EQ(l.combine_slot(base, 0, 1, slots, hidden) - l.combine_slot(base, 0, 0, slots, hidden), hidden);
 
     // Every region's start is aligned in memory, not just as an offset.

@@ -178,6 +178,28 @@ TEST(Validate, RecvCapacityRange) {
   EXPECT_NO_THROW(validate(p));
 }
 
+// A wave of at least max_tokens_per_rank (or 0) is the whole call; a smaller one splits it.
+TEST(Validate, WaveTokens) {
+  Problem p = valid_problem();  // 128 tokens per rank
+  p.wave_tokens = -1;
+  expect_rejected(p, "wave_tokens", {"[0, 1048576]", "one wave per call", "got -1"});
+  p.wave_tokens = (1 << 20) + 1;
+  expect_rejected(p, "wave_tokens", {"got 1048577"});
+  for (int32_t wave : {0, 128, 1000}) {
+    p.wave_tokens = wave;
+    EXPECT_NO_THROW(validate(p));
+    EXPECT_EQ(p.tokens_per_wave(), 128) << wave;
+    EXPECT_EQ(p.waves_per_call(), 1) << wave;
+  }
+  p.wave_tokens = 50;
+  EXPECT_EQ(p.tokens_per_wave(), 50);
+  EXPECT_EQ(p.waves_per_call(), 3);
+  EXPECT_EQ(p.mean_recv_routes(), 50 * 4);
+  p.wave_tokens = 64;
+  EXPECT_EQ(p.waves_per_call(), 2);
+  EXPECT_NE(describe(p).find("wave_tokens=64"), std::string::npos) << describe(p);
+}
+
 TEST(Validate, FrontRingFields) {
   Problem p = valid_problem();
   p.front_num_slots = -1;
@@ -223,6 +245,7 @@ TEST(Fingerprint, ChangesWithEveryOtherField) {
        }},
       {"front_tokens_per_slot", [](Problem& p) { p.front_tokens_per_slot = 64; }},
       {"recv_capacity", [](Problem& p) { p.recv_capacity = 100; }},
+      {"wave_tokens", [](Problem& p) { p.wave_tokens = 64; }},
   };
   std::set<uint64_t> prints = {base_print};
   for (const auto& [field, change] : changes) {

@@ -148,6 +148,19 @@ std::vector<LayerCase> cases_for_ranks(int32_t ranks) {
   sizes.variant_calls = 1000;
   cases.push_back(sizes);
 
+  // Waves of 128 tokens per rank: three for 300 tokens, the other ranks' shorter calls running
+  // empty waves; both calls on the same buffer.
+  LayerCase waves;
+  waves.name = "waves_of_128_tokens";
+  waves.num_experts = 8 * ranks;
+  waves.top_k = 4;
+  waves.num_shared_experts = 1;
+  waves.masked_fraction = 0.1f;
+  waves.tokens_per_rank = tokens(ranks, {300, 0, 129});
+  waves.wave_tokens = 128;
+  waves.repeats = 2;
+  cases.push_back(waves);
+
   LayerCase bad;
   bad.name = "out_of_range_expert_id";
   bad.num_experts = 8 * ranks;

@@ -59,6 +59,7 @@ Problem case_problem(const LayerCase& c) {
   p.num_shared_experts = c.num_shared_experts;
   p.max_tokens_per_rank = std::max(1, *std::max_element(c.tokens_per_rank.begin(), c.tokens_per_rank.end()));
   p.recipe = c.recipe;
+  p.wave_tokens = c.wave_tokens;
   return p;
 }
 

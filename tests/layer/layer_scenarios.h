@@ -50,6 +50,8 @@ struct LayerCase {
   // Below zero, the call must be refused on every rank (y untouched, an error naming the capacity),
   // and the next call, with fewer tokens, must be exact.
   std::optional<int32_t> capacity_margin;
+  // Problem::wave_tokens: the buffer holds this many tokens per rank and a call runs in waves.
+  int32_t wave_tokens = 0;
 };
 
 // Inputs and expected outputs of one case, built on the host before any rank starts.

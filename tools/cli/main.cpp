@@ -51,19 +51,24 @@ const char* run_usage() {
          "  --threads  CPU backend worker threads, 0 = all (default 0)\n"
          "  --dump     write inputs, outputs and used expert weights as .npy files and manifest.json\n"
          "             (tools/check_dump.py DIR recomputes y from them)\n"
-         "  --recv-capacity  routes one rank's pools hold per call (default 0: the worst case); a call\n"
-         "             that sends some rank more is refused, with an error naming the rank\n";
+         "  --recv-capacity  routes one rank's pools hold per wave (default 0: the worst case); a wave\n"
+         "             that sends some rank more is refused, with an error naming the rank\n"
+         "  --wave-tokens  tokens per rank of one wave (Problem::wave_tokens; default 0: the whole call in\n"
+         "             one wave); a smaller wave shrinks the buffer, and a call of more tokens runs\n"
+         "             in several\n";
 }
 
 const char* info_usage() {
   return "  megamoe info --preset NAME [--tokens N] [--ranks R] [--recipe fp8|fp8_fp4|bf16]\n"
-         "               [--recv-capacity ROUTES]\n"
+         "               [--recv-capacity ROUTES] [--wave-tokens N]\n"
          "\n"
          "Prints the symmetric buffer one rank allocates for this problem, region by region, and its\n"
          "total, with the memory a run of it needs. Nothing is computed.\n"
          "  --tokens         the most tokens per rank of one call (default: the preset's)\n"
-         "  --recv-capacity  routes one rank's pools hold per call (Problem::recv_capacity; default 0:\n"
-         "                   the worst case). A call that sends some rank more is refused on every rank.\n";
+         "  --recv-capacity  routes one rank's pools hold per wave (Problem::recv_capacity; default 0:\n"
+         "                   the worst case). A wave that sends some rank more is refused on every rank.\n"
+         "  --wave-tokens    tokens per rank of one wave (Problem::wave_tokens; default 0: one wave per\n"
+         "                   call). The buffer holds one wave; a call of more tokens runs in waves.\n";
 }
 
 const char* bench_usage() {
@@ -113,7 +118,7 @@ struct RunOptions {
 // Throws megamoe::Error naming the flag for anything the command line gets wrong.
 RunOptions parse_run(const std::vector<std::string>& args) {
   const Flags flags(args, {"--preset", "--tokens", "--ranks", "--recipe", "--routing", "--backend", "--seed",
-                           "--threads", "--dump", "--recv-capacity"});
+                           "--threads", "--dump", "--recv-capacity", "--wave-tokens"});
 
   RunOptions options;
   options.preset = &preset_flag(flags);
@@ -141,21 +146,29 @@ RunOptions parse_run(const std::vector<std::string>& args) {
   }
   if (auto text = flags.value("--recv-capacity"))
     options.problem.recv_capacity = parse_number<int64_t>("--recv-capacity", *text, 0, int64_t{1} << 31);
+  if (auto text = flags.value("--wave-tokens"))
+    options.problem.wave_tokens = parse_number<int32_t>("--wave-tokens", *text, 0, 1 << 20);
   validate(options.problem);
   return options;
 }
 
-// The CPU backend refuses a call past the receive capacity as the GPU does (which checks on the device).
+// The CPU backend refuses a wave past the receive capacity as the GPU does (which checks on the device).
 void check_recv_capacity(const Problem& problem, const std::vector<RankBatch>& batches) {
   if (problem.recv_capacity == 0) return;
-  std::vector<int64_t> received(static_cast<size_t>(problem.num_ranks), 0);
-  for (const RankBatch& batch : batches)
-    for (int32_t expert : batch.topk_idx)
-      if (expert >= 0) ++received[static_cast<size_t>(problem.owner_rank(expert))];
-  for (int32_t rank = 0; rank < problem.num_ranks; ++rank)
-    require(received[rank] <= problem.recv_capacity, "--recv-capacity", "rank ", rank, " receives ", received[rank],
-            " routes, more than its receive capacity ", problem.recv_capacity,
-            ": the call is refused on every rank (raise it, or leave it 0 for the worst case)");
+  const size_t wave_routes = static_cast<size_t>(problem.tokens_per_wave()) * static_cast<size_t>(problem.top_k);
+  for (int32_t wave = 0; wave < problem.waves_per_call(); ++wave) {
+    std::vector<int64_t> received(static_cast<size_t>(problem.num_ranks), 0);
+    for (const RankBatch& batch : batches) {
+      const size_t begin = std::min(batch.topk_idx.size(), static_cast<size_t>(wave) * wave_routes);
+      const size_t end = std::min(batch.topk_idx.size(), begin + wave_routes);
+      for (size_t route = begin; route < end; ++route)
+        if (batch.topk_idx[route] >= 0) ++received[static_cast<size_t>(problem.owner_rank(batch.topk_idx[route]))];
+    }
+    for (int32_t rank = 0; rank < problem.num_ranks; ++rank)
+      require(received[rank] <= problem.recv_capacity, "--recv-capacity", "rank ", rank, " receives ", received[rank],
+              " routes in wave ", wave, ", more than its receive capacity ", problem.recv_capacity,
+              ": the wave is refused on every rank (raise it, or leave it 0 for the worst case)");
+  }
 }
 
 struct InfoOptions {
@@ -164,7 +177,7 @@ struct InfoOptions {
 };
 
 InfoOptions parse_info(const std::vector<std::string>& args) {
-  const Flags flags(args, {"--preset", "--tokens", "--ranks", "--recipe", "--recv-capacity"});
+  const Flags flags(args, {"--preset", "--tokens", "--ranks", "--recipe", "--recv-capacity", "--wave-tokens"});
   InfoOptions options;
   options.preset = &preset_flag(flags);
   int32_t tokens = options.preset->default_tokens;
@@ -176,6 +189,8 @@ InfoOptions parse_info(const std::vector<std::string>& args) {
   }
   if (auto text = flags.value("--recv-capacity"))
     options.problem.recv_capacity = parse_number<int64_t>("--recv-capacity", *text, 0, int64_t{1} << 31);
+  if (auto text = flags.value("--wave-tokens"))
+    options.problem.wave_tokens = parse_number<int32_t>("--wave-tokens", *text, 0, 1 << 20);
   validate(options.problem);
   return options;
 }
@@ -191,8 +206,10 @@ int info(const InfoOptions& options) {
               format_bytes(gpu_run_device_bytes(p, p.max_tokens_per_rank, false)).c_str(),
               format_bytes(gpu_run_device_bytes(p, p.max_tokens_per_rank, true)).c_str(), p.num_ranks,
               format_bytes(cpu_run_host_bytes(p, p.max_tokens_per_rank, 0)).c_str());
-  std::printf("symmetric buffer of one rank (%u pool rows for %u received routes, %u tokens):\n", layout.pool_rows,
-              layout.recv_capacity, layout.max_tokens);
+  std::printf("symmetric buffer of one rank (%u pool rows for %u received routes, %u tokens per wave, %d %s per "
+              "call):\n",
+              layout.pool_rows, layout.recv_capacity, layout.wave_tokens, p.waves_per_call(),
+              p.waves_per_call() == 1 ? "wave" : "waves");
   layout.for_each_region([](const char* name, const Region& region) {
     std::printf("  %-18s %16llu bytes %12.2f MiB\n", name, static_cast<unsigned long long>(region.bytes),
                 static_cast<double>(region.bytes) / (1 << 20));

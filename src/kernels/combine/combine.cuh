@@ -16,7 +16,7 @@ namespace megamoe::combine {
 struct CombineArgs {
   ControlBlock* control;  // this rank's: a timeout or a refused call (call_refused) stops combine
   int32_t rank;
-  const uint16_t* slots;    // this rank's combine region: [max_tokens][top_k + 1][hidden] bf16
+  const uint16_t* slots;    // this rank's combine region: [wave tokens][top_k + 1][hidden] bf16
   const int32_t* topk_idx;  // [num_tokens][top_k]
   uint16_t* y;              // [num_tokens][hidden] bf16
   int32_t num_tokens;

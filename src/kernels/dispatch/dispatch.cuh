@@ -31,6 +31,7 @@ struct DispatchArgs {
   int32_t num_tokens;
   const int32_t* topk_idx;  // this rank's [num_tokens][top_k]
   int64_t* recv_stats;      // nullable: [experts_per_rank], accumulated
+  uint32_t first_token;     // the call's index of this wave's token 0, for error records
 };
 
 __device__ __forceinline__ void record_input_error(const DispatchArgs& a, uint32_t code, uint32_t route,
@@ -40,10 +41,10 @@ __device__ __forceinline__ void record_input_error(const DispatchArgs& a, uint32
   error.rank = static_cast<uint32_t>(a.view.rank);
   error.block = blockIdx.x;
   error.thread = threadIdx.x;
-  error.detail = route / static_cast<uint32_t>(a.problem.top_k);
+  error.detail = a.first_token + route / static_cast<uint32_t>(a.problem.top_k);
   error.choice = route % static_cast<uint32_t>(a.problem.top_k);
   error.seen = static_cast<uint64_t>(seen);
-  error.expected = static_cast<uint64_t>(code == kDeviceBadExpertId ? a.problem.num_experts : a.layout.max_tokens);
+  error.expected = static_cast<uint64_t>(code == kDeviceBadExpertId ? a.problem.num_experts : a.layout.wave_tokens);
   device::record_error(a.layout.control_block(a.view.local()), error);
 }
 
@@ -98,7 +99,7 @@ __device__ inline void stage_shared_scales(const DispatchArgs& a, uint32_t token
   const uint64_t first = uint64_t{token_begin} * hidden_blocks, end = uint64_t{token_end} * hidden_blocks;
   for (uint64_t i = first + thread; i < end; i += threads) {
     const uint64_t token = i / hidden_blocks, kb = i % hidden_blocks;
-    shared_scales[kb * a.layout.max_tokens + token] = x_scales[i];
+    shared_scales[kb * a.layout.wave_tokens + token] = x_scales[i];
   }
 }
 
@@ -136,7 +137,7 @@ __device__ inline void count_and_scatter(const DispatchArgs& a, uint32_t begin, 
     const int32_t expert = a.topk_idx[route];
     if (expert < 0 || expert >= static_cast<int32_t>(num_experts)) continue;
     const uint32_t slot = atomicAdd(&expert_cursor[expert], 1u);
-    if (slot >= a.layout.max_tokens) {  // only repeated experts within tokens can get here
+    if (slot >= a.layout.wave_tokens) {  // only repeated experts within tokens can get here
       record_input_error(a, kDeviceSlotOverflow, route, slot);
       continue;
     }
@@ -158,7 +159,7 @@ __device__ inline void send_counts(const DispatchArgs& a, uint32_t thread, uint3
     device::GpuRef<uint64_t> sent(send_count[e]);
     // Routes past the table's room were dropped (kDeviceSlotOverflow): the owner pulls only those stored.
     const uint64_t counted = sent.load(cuda::memory_order_relaxed);
-    const uint32_t count = static_cast<uint32_t>(counted < a.layout.max_tokens ? counted : a.layout.max_tokens);
+    const uint32_t count = static_cast<uint32_t>(counted < a.layout.wave_tokens ? counted : a.layout.wave_tokens);
     sent.store(0, cuda::memory_order_relaxed);
     uint32_t* slot = a.layout.recv_count_ptr(a.view.local(), e % experts_per_rank,
                                              static_cast<uint32_t>(a.view.rank), num_ranks);
