@@ -6,7 +6,8 @@
 #                           (reduced runs, $SANITIZE_SECONDS in all, default 480), and the sanitizer
 #                           probe under racecheck; rows {binary, tool, errors, explained}
 #     stress N:             issue 33's run/dump/bench sequence N times, stopping at the first failure
-#                           ($MEGAMOE: the tool, default $BUILD/megamoe); $OUT/stress.json
+#                           ($MEGAMOE: the tool, default $BUILD/megamoe; $STRESS_STREAMS sequences at
+#                           once, $STRESS_SECONDS a time limit); $OUT/stress.json
 #   tools/gpu_check.sh trees TREE...              builds each source tree (e.g. `git archive REV | tar -x -C
 #                                                 out/ab-x`) into TREE/build at once, the machine's cores
 #                                                 shared: the megamoe tool and the layer bench ($TARGETS:
@@ -219,18 +220,22 @@ step_sanitize() {
 
 # The sequence that once ended in an illegal address (issue 33), reduced, N times; stops at the first
 # failing command and prints its output. MEGAMOE: the tool (megamoe_layer_bench beside it or in its
-# bench/layer/). Writes $OUT/stress.json, one row {runs, failures, failed_command, first_failure}.
-step_stress() {
-  local n=$1 megamoe=${MEGAMOE:-$BUILD/megamoe} run=0 failure="" failed_command=""
-  local dump="$OUT/stress-dump" log="$OUT/stress.log"
+# bench/layer/). STRESS_STREAMS=K runs K copies of the sequence at once, N in all (the GPU idles
+# through most of one sequence's host work, so K streams do more runs per device second, and their
+# kernels overlap each other's); STRESS_SECONDS stops starting new runs after that long, so that a
+# call's time limit still leaves the JSON. Writes $OUT/stress.json, one row {runs, failures, streams,
+# failed_command, first_failure}.
+stress_stream() {  # STREAM RUNS END_SECONDS: one stream's runs; its result line in $OUT/stress-STREAM.result
+  local stream=$1 n=$2 end=$3 megamoe=${MEGAMOE:-$BUILD/megamoe} run=0 failure="" failed_command=""
+  local dump="$OUT/stress-dump-$stream" log="$OUT/stress-$stream.log"
   local commands=(
     "$megamoe run --preset deepseek-v3 --tokens 8 --ranks 2"
     "$megamoe run --preset tiny --tokens 300 --ranks 2 --backend gpu --dump $dump --recipe fp8"
     "$megamoe run --preset tiny --tokens 300 --ranks 2 --backend gpu --dump $dump --recipe bf16"
     "$megamoe run --preset tiny --tokens 300 --ranks 2 --backend gpu --dump $dump --recipe fp8_fp4"
-    "$megamoe bench --preset deepseek-v3 --ranks 1 --tokens 1,8,128,512,2048,8192 --repeats 3 --out $OUT/stress-bench.json"
+    "$megamoe bench --preset deepseek-v3 --ranks 1 --tokens 1,8,128,512,2048,8192 --repeats 3 --out $OUT/stress-bench-$stream.json"
   )
-  while [ $run -lt "$n" ] && [ -z "$failure" ]; do
+  while [ $run -lt "$n" ] && [ -z "$failure" ] && [ $SECONDS -lt "$end" ]; do
     local command
     for command in "${commands[@]}"; do
       rm -rf "$dump"
@@ -240,20 +245,38 @@ step_stress() {
       if [ $rc -ne 0 ] || grep -qiE "illegal (memory )?address|cudaError|compute-sanitizer" "$log"; then
         failure="exit $rc: $(grep -iE "error|illegal" "$log" | head -1 | tr -d '"\134')"  # no quote or backslash in the JSON
         failed_command=$command
-        echo "stress: run $((run + 1)) failed: $command"
+        echo "stress: stream $stream, run $((run + 1)) failed: $command"
         tail -30 "$log"
         break
       fi
     done
     [ -n "$failure" ] || run=$((run + 1))
   done
-  echo "stress: $run of $n runs passed${failure:+; failed: $failed_command}"
+  rm -rf "$dump" "$OUT/stress-bench-$stream.json"
+  [ -n "$failure" ] || rm -f "$log"
+  printf '%d\t%s\t%s\n' "$run" "$failed_command" "$failure" >"$OUT/stress-$stream.result"
+}
+
+step_stress() {
+  local n=$1 streams=${STRESS_STREAMS:-1} end=$((SECONDS + ${STRESS_SECONDS:-1000000000})) stream
+  for stream in $(seq 1 "$streams"); do
+    stress_stream "$stream" $(((n + streams - stream) / streams)) "$end" &
+  done
+  wait
+  local runs=0 failures=0 failed_command="" failure="" r c f
+  for stream in $(seq 1 "$streams"); do
+    IFS=$'\t' read -r r c f <"$OUT/stress-$stream.result"
+    runs=$((runs + r))
+    if [ -n "$c" ]; then failures=$((failures + 1)); failed_command=$c; failure=$f; fi
+    rm -f "$OUT/stress-$stream.result"
+  done
+  echo "stress: $runs of $n runs passed in $streams stream(s)${failed_command:+; failed: $failed_command}"
   {
-    results_header stress "tools/gpu_check.sh stress $n"
-    printf '    {"runs": %d, "failures": %d, "failed_command": "%s", "first_failure": "%s"}\n  ]\n}\n' "$run" \
-      "$([ -n "$failure" ] && echo 1 || echo 0)" "$failed_command" "$failure"
+    results_header stress "tools/gpu_check.sh stress $n (STRESS_STREAMS=$streams)"
+    printf '    {"runs": %d, "failures": %d, "streams": %d, "failed_command": "%s", "first_failure": "%s"}\n  ]\n}\n' \
+      "$runs" "$failures" "$streams" "$failed_command" "$failure"
   } >"$OUT/stress.json"
-  [ -z "$failure" ] || status=1
+  [ "$failures" -eq 0 ] || status=1
 }
 
 # Builds every source tree at once into TREE/build, the cores shared; TREE/build.log has the output.

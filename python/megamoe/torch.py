@@ -76,6 +76,15 @@ def emulated_group(num_ranks: int):
     return _megamoe.EmulatedGroup(num_ranks)
 
 
+def _call_input(problem, name: str, device) -> torch.Tensor:
+    """A whole call's input `name` (as a buffer region, with max_tokens_per_rank rows), zeroed."""
+    columns = {"x": problem.hidden, "x_scales": problem.hidden // 128, "topk_idx": problem.top_k,
+               "topk_weights": problem.top_k}[name]
+    dtype = {"x": torch.bfloat16 if problem.recipe == "bf16" else torch.uint8, "x_scales": torch.float32,
+             "topk_idx": torch.int32, "topk_weights": torch.float32}[name]
+    return torch.zeros((problem.max_tokens_per_rank, columns), dtype=dtype, device=device)
+
+
 class Buffer:
     """The symmetric buffer of one layer shape on this rank (collective: every rank of the group creates
     one with the same shapes).
@@ -83,8 +92,11 @@ class Buffer:
     Either ``problem`` (a :class:`megamoe.Problem`, e.g. from :func:`megamoe.preset_problem`) or the
     keyword shapes (DeepGEMM's names) describe the layer; the rank and the number of ranks come from the
     group. ``recv_capacity`` (default: the problem's, 0 = the worst case) bounds the routes one rank
-    receives per call and with it the buffer; a call past it writes no output and
-    :meth:`check_device_error` raises on every rank. ``activation_scales`` says how ``x_sf`` holds the
+    receives per wave and with it the buffer; a wave past it writes no output and
+    :meth:`check_device_error` raises on every rank. ``wave_tokens`` (default: the problem's, 0 = the
+    whole call) sizes the buffer for that many tokens per rank: a larger call runs in waves, every rank
+    running every wave, and the input tensors below are then ordinary device tensors of max tokens rows
+    (the symmetric ones hold one wave). ``activation_scales`` says how ``x_sf`` holds the
     activation scales of the fp8 recipes:
     ``"block"``: float32 [tokens, hidden / 128], one scale per 1x128 (the library's own format, read in
     place); ``"mx"`` (fp8_fp4 only): DeepGEMM's recipe (1, 1, 32), UE8M0 per 32 packed four to an int32
@@ -100,7 +112,7 @@ class Buffer:
                  num_max_tokens_per_rank: Optional[int] = None, num_topk: Optional[int] = None,
                  hidden: Optional[int] = None, intermediate_hidden: Optional[int] = None,
                  num_shared_experts: int = 0, recipe: Optional[str] = None, activation_scales: str = "block",
-                 recv_capacity: Optional[int] = None, communicator=None):
+                 recv_capacity: Optional[int] = None, wave_tokens: Optional[int] = None, communicator=None):
         if communicator is None:
             if not torch.cuda.is_available():
                 raise RuntimeError("Buffer: no CUDA device is available")
@@ -126,10 +138,8 @@ class Buffer:
             problem.num_ranks, problem.rank = size, rank
         if recv_capacity is not None:
             problem.recv_capacity = recv_capacity
-        if problem.waves_per_call > 1:
-            # Its inputs live in the symmetric buffer, whose regions hold one wave.
-            raise ValueError(f"wave_tokens: {problem.wave_tokens} splits a call into {problem.waves_per_call} waves; "
-                             "the torch Buffer runs one wave per call (use wave_tokens=0)")
+        if wave_tokens is not None:
+            problem.wave_tokens = wave_tokens
         if activation_scales not in ("block", "mx"):
             raise ValueError(f"activation_scales: must be 'block' or 'mx', got {activation_scales!r}")
         if activation_scales == "mx" and problem.recipe != "fp8_fp4":
@@ -148,7 +158,13 @@ class Buffer:
         self.num_shared_experts, self.recipe = p.num_shared_experts, p.recipe
         self.num_experts_per_rank = p.experts_per_rank
         self.num_bytes = self._core.total_bytes
-        region = lambda name: torch.from_dlpack(self._core.region(name))  # noqa: E731
+        self.waves_per_call = p.waves_per_call
+        if self.waves_per_call == 1:
+            region = lambda name: torch.from_dlpack(self._core.region(name))  # noqa: E731
+        else:
+            # The symmetric regions hold one wave, so a whole call's inputs live in tensors of their own,
+            # which each call hands over wave by wave.
+            region = lambda name: _call_input(p, name, self.device)  # noqa: E731
         self._x = region("x")
         if p.recipe != "bf16":
             self._x = self._x.view(_E4M3)
@@ -161,7 +177,8 @@ class Buffer:
             # Staging tensors the caller writes; each call converts them into the symmetric regions.
             self.x = torch.zeros(tuple(self._x.shape), dtype=torch.uint8, device=self.device).view(_E4M3)
             self.x_sf = torch.zeros((p.max_tokens_per_rank, p.hidden // 128), dtype=torch.int32, device=self.device)
-            self._core.set_mx_staging(self.x.view(torch.uint8), self.x_sf.view(torch.uint8))
+            if self.waves_per_call == 1:
+                self._core.set_mx_staging(self.x.view(torch.uint8), self.x_sf.view(torch.uint8))
         else:
             self.x, self.x_sf = self._x, self._x_scales
         self._stats_scratch = torch.zeros(p.experts_per_rank, dtype=torch.int64, device=self.device)
@@ -209,7 +226,7 @@ def get_symm_buffer_for_mega_moe(group, num_experts: int, num_max_tokens_per_ran
                                  hidden: int, intermediate_hidden: int, use_fp8_dispatch: Optional[bool] = None,
                                  mma_type: str = "fp8xfp4", activation: str = "swiglu", *,
                                  num_shared_experts: int = 0, activation_scales: Optional[str] = None,
-                                 recv_capacity: int = 0) -> Buffer:
+                                 recv_capacity: int = 0, wave_tokens: int = 0) -> Buffer:
     """DeepGEMM's buffer getter: ``mma_type`` 'fp8xfp4' (MXFP4 weights; activations with UE8M0 scales per
     32 by default, as upstream), 'fp8xfp8' (this library's fp8 recipe: 128x128 FP32 weight scales, 1x128
     activation scales; upstream's is per-32 UE8M0) or 'bf16xbf16'."""
@@ -224,7 +241,8 @@ def get_symm_buffer_for_mega_moe(group, num_experts: int, num_max_tokens_per_ran
         activation_scales = "mx" if recipe == "fp8_fp4" else "block"
     return Buffer(group, num_experts=num_experts, num_max_tokens_per_rank=num_max_tokens_per_rank, num_topk=num_topk,
                   hidden=hidden, intermediate_hidden=intermediate_hidden, num_shared_experts=num_shared_experts,
-                  recipe=recipe, activation_scales=activation_scales, recv_capacity=recv_capacity)
+                  recipe=recipe, activation_scales=activation_scales, recv_capacity=recv_capacity,
+                  wave_tokens=wave_tokens)
 
 
 # ---- Weights -------------------------------------------------------------------------------------------
@@ -458,12 +476,25 @@ def _run(kind: str, y, l1_weights, l2_weights, sym_buffer: Buffer, stats, recipe
         stats64 = stats if stats.dtype == torch.int64 else sym_buffer._stats_scratch
     weights = _layer_weights(sym_buffer, l1_weights, l2_weights, shared_l1_weights, shared_l2_weights)
     stream = sym_buffer.stream
-    sym_buffer._core.run_from_buffer(kind, n, weights, y, _stream_of(stream), stats64, clamp,
-                                     sym_buffer.activation_scales == "mx", schedule)
+    mx = sym_buffer.activation_scales == "mx"
+    if sym_buffer.waves_per_call == 1:
+        sym_buffer._core.run_from_buffer(kind, n, weights, y, _stream_of(stream), stats64, clamp, mx, schedule)
+    else:
+        _run_waves(kind, n, weights, y, sym_buffer, _stream_of(stream), stats64, clamp, mx, schedule)
     if stats is not None and stats.dtype == torch.int32:
         with torch.cuda.stream(stream):
             stats.add_(sym_buffer._stats_scratch)
             sym_buffer._stats_scratch.zero_()
+
+
+def _run_waves(kind, n, weights, y, b: Buffer, stream: int, stats64, clamp, mx, schedule):
+    """A call of several waves from the buffer's whole-call input tensors (the library runs the waves)."""
+    codes = lambda t: t.view(torch.uint8) if t.dtype == _E4M3 else t  # noqa: E731
+    x, scales = codes(b._x[:n]), (b._x_scales[:n] if b._x_scales is not None else None)
+    if mx and n > 0:
+        with torch.cuda.device(b.device):
+            _megamoe.convert_mx_activations(codes(b.x[:n]), b.x_sf[:n].view(torch.uint8), x, scales, stream)
+    b._core.run(kind, n, x, scales, b.topk_idx[:n], b.topk_weights[:n], weights, y, stream, stats64, clamp, schedule)
 
 
 def fp8_fp4_mega_moe(y: torch.Tensor, l1_weights: MegaMoeWeights, l2_weights: MegaMoeWeights, sym_buffer: Buffer,

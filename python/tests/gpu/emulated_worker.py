@@ -20,9 +20,9 @@ from megamoe import reference as ref  # noqa: E402
 from gpu_common import CALLS, bound, transformed, write_inputs, y_bits  # noqa: E402
 
 
-def run_case(num_ranks: int, recipe: str, tokens, clamp) -> None:
+def run_case(num_ranks: int, recipe: str, tokens, clamp, wave_tokens: int = 0) -> None:
     p = megamoe.make_problem(num_experts=4 * num_ranks, top_k=3, hidden=512, intermediate=256, max_tokens_per_rank=48,
-                             num_ranks=num_ranks, num_shared_experts=1, recipe=recipe)
+                             num_ranks=num_ranks, num_shared_experts=1, recipe=recipe, wave_tokens=wave_tokens)
     batches, weights = ref.random_layer(p, tokens, seed=num_ranks * 10 + len(recipe), masked=0.1)
     group = mt.emulated_group(num_ranks)
     prepared, launched = threading.Barrier(num_ranks), threading.Barrier(num_ranks)
@@ -64,7 +64,8 @@ def run_case(num_ranks: int, recipe: str, tokens, clamp) -> None:
         y, stats = results[rank]
         error = ref.normalized_error(y, want[rank]) if tokens[rank] else 0.0
         ok = error < bound(recipe, max(1, tokens[rank])) and np.array_equal(stats, counts[rank])
-        print(f"emulated {num_ranks} ranks {recipe} tokens {tokens[rank]} clamp {clamp} rank {rank}: error {error:.2e}, "
+        print(f"emulated {num_ranks} ranks {recipe} tokens {tokens[rank]} clamp {clamp} waves of {wave_tokens or 'all'} "
+              f"rank {rank}: error {error:.2e}, "
               f"stats {'ok' if np.array_equal(stats, counts[rank]) else 'WRONG'} -> {'ok' if ok else 'FAIL'}", flush=True)
         if not ok:
             raise AssertionError(f"rank {rank}: error {error} or receive statistics differ")
@@ -78,6 +79,8 @@ def main() -> int:
         for tokens in token_sets:
             run_case(num_ranks, recipe, tokens, None)
         run_case(num_ranks, recipe, [40] * num_ranks, 0.5)
+        # Waves of 16 tokens: ranks with 0 to 3 waves of their own tokens, every rank running all 3.
+        run_case(num_ranks, recipe, [(17 * r + 33) % 49 for r in range(num_ranks)], None, wave_tokens=16)
     return 0
 
 

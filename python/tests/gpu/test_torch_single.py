@@ -1,6 +1,6 @@
 """megamoe.torch on one GPU, one process (an NCCL communicator of one rank), against the CPU reference:
 every recipe, shared experts, masked routes, the activation clamp, MX activations, receive statistics,
-a CUDA-graph-captured call, both schedules, device errors and argument errors."""
+a CUDA-graph-captured call, both schedules, waves, device errors and argument errors."""
 
 import numpy as np
 import pytest
@@ -65,6 +65,43 @@ def test_fused_schedule_matches_the_reference(layer, tokens):
     error = ref.normalized_error(y_bits(y), want[0])
     assert error < bound(p.recipe, tokens), f"{p.recipe}, fused: error {error}"
     np.testing.assert_array_equal(stats.cpu().numpy(), counts[0])
+
+
+@pytest.mark.parametrize("recipe", ["fp8", "fp8_fp4", "bf16"])
+def test_waves_match_the_reference(recipe):
+    """A buffer of 24-token waves: calls of 0 to 3 waves, both schedules; the inputs are ordinary device
+    tensors of the call's size, and the symmetric buffer is smaller than a whole call's."""
+    p = problem(recipe)
+    whole = mt.Buffer(problem=p)
+    buffer = mt.Buffer(problem=p, wave_tokens=24)
+    assert (buffer.waves_per_call, whole.waves_per_call) == (3, 1) and buffer.num_bytes < whole.num_bytes
+    assert tuple(buffer.topk_idx.shape) == (p.max_tokens_per_rank, p.top_k)
+    whole.destroy()
+    _, weights = ref.random_layer(p, [0], seed=1)
+    parts = transformed(p, weights, 0)
+    for tokens, schedule in ((64, "staged"), (25, "fused"), (0, "staged"), (24, "fused"), (49, "staged")):
+        batches, _ = ref.random_layer(p, [tokens], seed=tokens + 13, masked=0.1)
+        stats = torch.zeros(p.experts_per_rank, dtype=torch.int64, device="cuda")
+        y = run(p, buffer, weights, parts, batches[0], stats=stats, schedule=schedule)
+        want, counts = ref.cpp_mega_moe(p, batches, weights)
+        if tokens:
+            error = ref.normalized_error(y_bits(y), want[0])
+            assert error < bound(p.recipe, tokens), f"{recipe}, {tokens} tokens, {schedule}: error {error}"
+        np.testing.assert_array_equal(stats.cpu().numpy(), counts[0])
+    buffer.destroy()
+
+
+def test_waves_with_mx_activations():
+    p = problem("fp8_fp4", shared=0)
+    buffer = mt.get_symm_buffer_for_mega_moe(None, p.num_experts, p.max_tokens_per_rank, p.top_k, p.hidden,
+                                             p.intermediate, wave_tokens=16)
+    assert buffer.activation_scales == "mx" and buffer.waves_per_call == 4
+    batches, weights = ref.random_layer(p, [50], seed=19)
+    mx, converted = mx_batch(batches[0], seed=20)
+    y = run(p, buffer, weights, transformed(p, weights, 0), batches[0], mx=mx, recipe=(1, 1, 32))
+    want, _ = ref.cpp_mega_moe(p, [converted], weights)
+    assert ref.normalized_error(y_bits(y), want[0]) < bound("fp8_fp4", 50)
+    buffer.destroy()
 
 
 def test_clamp_is_applied_on_the_gpu(layer):
