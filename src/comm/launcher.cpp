@@ -52,6 +52,21 @@ struct PrepareEmulationEnvironment {
 
 void report(int32_t rank, const char* what) { std::fprintf(stderr, "rank %d: %s\n", rank, what); }
 
+// Runs fn on a rank's communicator and reports what it throws while the communicator still exists:
+// a fault in fn leaves a sticky CUDA error that the communicator's release meets and reports again,
+// and the cause must print first. False when fn threw.
+bool run_reporting(int32_t rank, Communicator& comm, const std::function<void(Communicator&)>& fn) {
+  try {
+    fn(comm);
+    return true;
+  } catch (const std::exception& e) {
+    report(rank, e.what());
+  } catch (...) {
+    report(rank, "unknown exception");
+  }
+  return false;
+}
+
 // Throws when kernels load lazily in this process (see PrepareEmulationEnvironment).
 void require_eager_module_loading() {
   void* entry = nullptr;
@@ -77,8 +92,7 @@ int run_emulated(int32_t num_ranks, const std::function<void(Communicator&)>& fn
     try {
       MEGAMOE_CHECK_CUDA(cudaSetDevice(device));
       EmulatedCommunicator comm(group, rank, device);
-      fn(comm);
-      return;
+      if (run_reporting(rank, comm, fn)) return;
     } catch (const std::exception& e) {
       report(rank, e.what());
     } catch (...) {
@@ -135,14 +149,17 @@ bool write_exactly(int fd, const void* data, size_t bytes) {
     close(id_fd);
     MEGAMOE_CHECK_CUDA(cudaSetDevice(rank));
     MEGAMOE_CHECK_NCCL(ncclCommInitRank(&comm, num_ranks, id, rank), nullptr);
+    bool ran = false;
     {
       const std::unique_ptr<Communicator> communicator = Communicator::from_nccl(comm);
-      fn(*communicator);
+      ran = run_reporting(rank, *communicator, fn);
     }
-    ncclComm_t finished = comm;
-    comm = nullptr;
-    MEGAMOE_CHECK_NCCL(ncclCommDestroy(finished), nullptr);
-    status = 0;
+    if (ran) {
+      ncclComm_t finished = comm;
+      comm = nullptr;
+      MEGAMOE_CHECK_NCCL(ncclCommDestroy(finished), nullptr);
+      status = 0;
+    }
   } catch (const std::exception& e) {
     report(rank, e.what());
   } catch (...) {
