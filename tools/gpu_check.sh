@@ -233,12 +233,14 @@ stress_stream() {  # STREAM RUNS END_SECONDS: one stream's runs; its result line
     "$megamoe run --preset tiny --tokens 300 --ranks 2 --backend gpu --dump $dump --recipe fp8"
     "$megamoe run --preset tiny --tokens 300 --ranks 2 --backend gpu --dump $dump --recipe bf16"
     "$megamoe run --preset tiny --tokens 300 --ranks 2 --backend gpu --dump $dump --recipe fp8_fp4"
-    "$megamoe bench --preset deepseek-v3 --ranks 1 --tokens 1,8,128,512,2048,8192 --repeats 3 --out $OUT/stress-bench-$stream.json"
+    "$megamoe bench --preset deepseek-v3 --ranks 1 --tokens 1,8,128,512,2048,8192 --repeats 3
+     --out $OUT/stress-bench-$stream.json"
   )
   # A GPU exception writes a small core file (kernel, PC and faulting address; no memory images) to
   # $OUT, for cuda-gdb: the one fault this step hunts left only a sticky error behind.
   local -x CUDA_ENABLE_COREDUMP_ON_EXCEPTION=1 CUDA_COREDUMP_FILE="$OUT/stress-core-$stream.%p"
-  local -x CUDA_COREDUMP_GENERATION_FLAGS=skip_nonrelocated_elf_images,skip_global_memory,skip_shared_memory,skip_local_memory,skip_constbank_memory
+  local -x CUDA_COREDUMP_GENERATION_FLAGS=skip_nonrelocated_elf_images,skip_global_memory,skip_shared_memory
+  CUDA_COREDUMP_GENERATION_FLAGS+=,skip_local_memory,skip_constbank_memory
   while [ $run -lt "$n" ] && [ -z "$failure" ] && [ $SECONDS -lt "$end" ]; do
     local command
     for command in "${commands[@]}"; do

@@ -64,8 +64,8 @@ def run_case(num_ranks: int, recipe: str, tokens, clamp, wave_tokens: int = 0) -
         y, stats = results[rank]
         error = ref.normalized_error(y, want[rank]) if tokens[rank] else 0.0
         ok = error < bound(recipe, max(1, tokens[rank])) and np.array_equal(stats, counts[rank])
-        print(f"emulated {num_ranks} ranks {recipe} tokens {tokens[rank]} clamp {clamp} waves of {wave_tokens or 'all'} "
-              f"rank {rank}: error {error:.2e}, "
+        print(f"emulated {num_ranks} ranks {recipe} tokens {tokens[rank]} clamp {clamp} "
+              f"waves of {wave_tokens or 'all'} rank {rank}: error {error:.2e}, "
               f"stats {'ok' if np.array_equal(stats, counts[rank]) else 'WRONG'} -> {'ok' if ok else 'FAIL'}", flush=True)
         if not ok:
             raise AssertionError(f"rank {rank}: error {error} or receive statistics differ")
