@@ -174,7 +174,8 @@ class Buffer:
         self.topk_idx = region("topk_idx")
         self.topk_weights = region("topk_weights")
         if activation_scales == "mx":
-            # Staging tensors the caller writes; each call converts them into the symmetric regions.
+            # Staging tensors the caller writes; each call converts them into the kernels' 1x128 blocks
+            # (the symmetric regions, or with waves the whole-call tensors).
             self.x = torch.zeros(tuple(self._x.shape), dtype=torch.uint8, device=self.device).view(_E4M3)
             self.x_sf = torch.zeros((p.max_tokens_per_rank, p.hidden // 128), dtype=torch.int32, device=self.device)
             if self.waves_per_call == 1:
