@@ -368,7 +368,8 @@ __device__ bool wait_for_operands(const FusedScheduler<Config>& s, const Operand
 // Hands `value` (a send or pull unit, or kNoUnit: no more) to the dispatch warps (one thread).
 template <class Config>
 __device__ void push_dispatch(const FusedScheduler<Config>& s, gemm::RingPosition<kQueueSlots>& queue, uint32_t value) {
-  gemm::wait_barrier<Config>(s.queue_empty(queue.stage), queue.phase ^ 1, s.params.l1[0].args.watch, queue.stage);
+  gemm::wait_barrier<Config, true>(s.queue_empty(queue.stage), queue.phase ^ 1, s.params.l1[0].args.watch,
+                                   queue.stage);
   *s.queue_slot(queue.stage) = value;
   cuda::ptx::mbarrier_arrive(s.queue_full(queue.stage));
   queue.advance();
@@ -570,7 +571,8 @@ __device__ void dispatch_fused(const FusedScheduler<Config>& s, uint32_t thread,
   gemm::RingPosition<kQueueSlots> queue;
   const gemm::PipelineWatch& watch = s.params.l1[0].args.watch;
   for (;;) {
-    gemm::wait_barrier<Config>(s.queue_full(queue.stage), queue.phase, watch, queue.stage);
+    // Only its own timeout ends this wait: then the slot may be unwritten, and the warps stop.
+    if (!gemm::wait_barrier<Config, true>(s.queue_full(queue.stage), queue.phase, watch, queue.stage)) return;
     const uint32_t unit = *s.queue_slot(queue.stage);
     if (unit == gemm::kNoUnit) return;
     const UnitRef ref = s.classify(unit);

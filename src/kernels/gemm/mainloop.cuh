@@ -89,7 +89,9 @@ template <class Config>
 __device__ uint32_t next_unit(const SharedStorage<Config>& smem, const RingPosition<Config::kStages>& ring,
                               uint32_t& parities, const PipelineWatch& watch) {
   static_assert(Config::kStages <= 32, "one parity bit per stage");
-  wait_barrier<Config>(smem.unit_ready(ring.stage), (parities >> ring.stage) & 1u, watch, ring.stage);
+  // Only its own timeout ends this wait: then the slot may be unwritten, and the walk ends.
+  if (!wait_barrier<Config, true>(smem.unit_ready(ring.stage), (parities >> ring.stage) & 1u, watch, ring.stage))
+    return kNoUnit;
   parities ^= 1u << ring.stage;
   return *smem.unit_slot(ring.stage);
 }
@@ -119,7 +121,7 @@ __device__ __forceinline__ void issue_unit(const SharedStorage<Config>& smem, Ri
                                       &job.weights_map, coords, barrier);
   };
   for (uint32_t kb = unit.k_blocks.begin; kb < unit.k_blocks.end; ++kb) {
-    wait_barrier<Config>(smem.empty(ring.stage), ring.phase ^ 1, args.watch, ring.stage);
+    wait_barrier<Config, true>(smem.empty(ring.stage), ring.phase ^ 1, args.watch, ring.stage);
     if (kb == unit.k_blocks.begin) {
       *smem.unit_slot(ring.stage) = index;
       on_claim(ring.stage);
@@ -174,7 +176,7 @@ template <class Config>
 __device__ __forceinline__ void issue_empty_stage(const SharedStorage<Config>& smem,
                                                   RingPosition<Config::kStages>& ring, uint32_t index,
                                                   const PipelineWatch& watch) {
-  wait_barrier<Config>(smem.empty(ring.stage), ring.phase ^ 1, watch, ring.stage);
+  wait_barrier<Config, true>(smem.empty(ring.stage), ring.phase ^ 1, watch, ring.stage);
   *smem.unit_slot(ring.stage) = index;
   cuda::ptx::mbarrier_arrive(smem.unit_ready(ring.stage));
   cuda::ptx::mbarrier_arrive(smem.full(ring.stage));

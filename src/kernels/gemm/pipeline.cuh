@@ -249,18 +249,27 @@ struct PipelineWatch {
   uint64_t timeout_ns;
 };
 
-// Waits for the mbarrier phase of the given parity. These waits are inside one CTA, so a timeout means
-// a broken pipeline (a TMA fault or a bookkeeping bug): the first one records a DeviceError and every
-// wait then gives up at its next check, so the kernel ends and the host reports the record instead
-// of hanging. An input error (a bad expert id) is no reason to give up: its route is skipped and
-// the pipeline stays whole.
+// Waits for the mbarrier phase of the given parity; true once it completed. These waits are inside one
+// CTA, so a timeout means a broken pipeline (a TMA fault or a bookkeeping bug) or a wait behind one
+// that timed out elsewhere: the first records a DeviceError, and the kernel must then end with the
+// record readable instead of hanging or faulting. Two kinds:
+// - data waits (a stage's bytes: full, raw_full) give up at their next check once the rank's record
+//   says timed out: the warps then compute garbage from a stale stage, store it to the tile their unit
+//   named (a valid one) and release the stage, so the ring keeps moving;
+// - hand-over waits (kHandOver: a unit slot, a free stage, the dispatch queue) give up only on their
+//   own timeout. What they hand over is read next, and a slot the producer has not written in this
+//   launch may be uninitialised shared memory: a walker that read it could store anywhere, and math
+//   warpgroups that read different slots would no longer meet at their named barriers. The producer
+//   writes every slot it claims, and the end marker on every exit path, so these waits complete.
+// An input error (a bad expert id) is no reason to give up: its route is skipped and the pipeline
+// stays whole.
 // (No printf or trap here: a function call inside the wgmma pipeline would serialize it.)
 //
 // The checks are rare (every kPollsPerCheck polls): a system-scope load of the error record takes
 // about a microsecond, and a barrier that completes meanwhile would be noticed that much later,
 // which at every stage would stall the pipeline.
-template <class Config>
-__device__ __forceinline__ void wait_barrier(uint64_t* barrier, uint32_t parity, const PipelineWatch& watch,
+template <class Config, bool kHandOver = false>
+__device__ __forceinline__ bool wait_barrier(uint64_t* barrier, uint32_t parity, const PipelineWatch& watch,
                                              uint32_t stage) {
   constexpr uint32_t kPollsPerCheck = 1024;
   const auto poll = [&] {
@@ -271,12 +280,12 @@ __device__ __forceinline__ void wait_barrier(uint64_t* barrier, uint32_t parity,
       return cuda::ptx::mbarrier_try_wait_parity(barrier, parity);
     }
   };
-  if (cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) return;
+  if (cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) return true;
   const uint64_t start = global_timer_ns();
   uint32_t polls = 0;
   while (!poll()) {
     if (watch.control == nullptr || ++polls % kPollsPerCheck != 0) continue;
-    if (device::rank_timed_out(watch.control)) return;
+    if (!kHandOver && device::rank_timed_out(watch.control)) return false;
     // Twice the communication timeout: in the fused schedule the ring waits behind the producer,
     // whose own waits (for other CTAs and ranks, one timeout each) must fire first and name the cause.
     if (global_timer_ns() - start > 2 * watch.timeout_ns) {
@@ -291,9 +300,10 @@ __device__ __forceinline__ void wait_barrier(uint64_t* barrier, uint32_t parity,
       error.expected = parity;
       error.seen = parity ^ 1;
       device::record_error(watch.control, error);
-      return;
+      return false;
     }
   }
+  return true;
 }
 
 // Barrier among the math warpgroups only (named barrier 1; 0 is __syncthreads).
