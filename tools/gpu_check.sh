@@ -225,6 +225,18 @@ step_sanitize() {
 # kernels overlap each other's); STRESS_SECONDS stops starting new runs after that long, so that a
 # call's time limit still leaves the JSON. Writes $OUT/stress.json, one row {runs, failures, streams,
 # failed_command, first_failure}.
+# Prints where each GPU core file of a stream's failed run points (kernel, PC, exception), by cuda-gdb.
+stress_core_report() {
+  local core
+  for core in "$OUT"/stress-core-"$1".*; do
+    [ -f "$core" ] || continue
+    ls -l "$core"
+    command -v cuda-gdb >/dev/null || { echo "no cuda-gdb to read $core"; continue; }
+    timeout 120 cuda-gdb -batch -ex "target cudacore $core" -ex "info cuda kernels" -ex "where" -ex "x/8i \$pc-64" \
+      2>&1 | tail -40
+  done
+}
+
 stress_stream() {  # STREAM RUNS END_SECONDS: one stream's runs; its result line in $OUT/stress-STREAM.result
   local stream=$1 n=$2 end=$3 megamoe=${MEGAMOE:-$BUILD/megamoe} run=0 failure="" failed_command=""
   local dump="$OUT/stress-dump-$stream" log="$OUT/stress-$stream.log"
@@ -253,7 +265,7 @@ stress_stream() {  # STREAM RUNS END_SECONDS: one stream's runs; its result line
         failed_command=$command
         echo "stress: stream $stream, run $((run + 1)) failed: $command"
         tail -30 "$log"
-        ls -l "$OUT"/stress-core-"$stream".* 2>/dev/null
+        stress_core_report "$stream"
         break
       fi
     done

@@ -1,4 +1,4 @@
-// Nine hand-overs of shared memory, each as the layer's kernels do it, each checking what it read:
+// Ten hand-overs of shared memory, each as the layer's kernels do it, each checking what it read:
 //   named_barrier: a writer warp stages words and arrives (bar.arrive), a reader warp syncs on the
 //                  same named barrier and reads them; a second barrier hands the buffer back
 //                  (the L2 epilogue's store warps, epilogue.cuh);
@@ -15,6 +15,10 @@
 //                  9b65a85 racecheck reported the kernel's loop but not this one;
 //   claim_polled:  the same with the flag computed as the kernel does, by a polling loop of thread
 //                  0 alone (rank_wait), the rest of its warp at the barrier (not yet run);
+//   claim_staggered: claim_loop after the prefill GEMMs' stagger, one warp arriving (bar.arrive) on
+//                  another named barrier that the other warp syncs on (pipeline.cuh: stagger_arrive):
+//                  racecheck reports the kernel's loop only in the prefill configs, which stagger
+//                  (not reported at 3783791: the stagger alone does not explain it);
 //   bulk_copy:     one thread's cp.async.bulk fills shared memory and completes an mbarrier's
 //                  transaction count; two warps wait for the phase and read it (the converters'
 //                  read of TMA-loaded weights, mainloop.cuh: expand_weight_tile);
@@ -114,11 +118,16 @@ __global__ void group_flag(uint32_t* out) {
 // barrier, the unit's work, barrier, thread 0 writes the claim, barrier, all read it, barrier.
 // kPolledFlag: thread 0 computes the flag as the kernel does (rank_wait): polling a global word with
 // system-scope acquire loads and a timer, while the rest of its warp waits at the barrier.
-template <bool kPolledFlag>
+// kStaggered: first the prefill GEMMs' stagger on barrier 4 (one warp arrives, the other syncs).
+template <bool kPolledFlag, bool kStaggered = false>
 __global__ void claim_loop(uint32_t* out) {
   __shared__ uint32_t word;
   if (threadIdx.x < 32) return;  // the first warp: outside barrier 1's 64 threads
   const uint32_t thread = threadIdx.x - 32;
+  if (kStaggered) {
+    if (thread < 32) asm volatile("bar.arrive 4, 64;" ::: "memory");
+    else asm volatile("bar.sync 4, 64;" ::: "memory");
+  }
   uint32_t* claims = out + kRounds;      // zeroed by check()
   uint32_t* arrivals = out + kRounds + 1;  // the polled word: already at its target
   if (thread == 0) *arrivals = kRounds;
@@ -247,6 +256,7 @@ int main() {
   ok = check("group_flag", group_flag, kRounds, [](uint32_t i) { return 200 + i; }) && ok;
   ok = check("claim_loop", claim_loop<false>, kRounds, [](uint32_t i) { return 300 + i; }) && ok;
   ok = check("claim_polled", claim_loop<true>, kRounds, [](uint32_t i) { return 300 + i; }) && ok;
+  ok = check("claim_staggered", claim_loop<false, true>, kRounds, [](uint32_t i) { return 300 + i; }) && ok;
   ok = check("bulk_copy", bulk_copy<false>, 256, [](uint32_t i) { return 400 + i % 128; }) && ok;
   ok = check("bulk_copy_hint", bulk_copy<true>, 256, [](uint32_t i) { return 400 + i % 128; }) && ok;
   ok = check("bulk_copy_ring", bulk_copy_ring, kRounds * kRingWords, ring_word) && ok;
