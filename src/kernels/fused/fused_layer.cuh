@@ -85,7 +85,8 @@ struct FusedTables {
   static constexpr uint32_t kBuilt = kUnitTiles + 8 * kUnitTileWords;
   static constexpr uint32_t kDispatchFlag = kBuilt + 1;
   static constexpr uint32_t kMathFlag = kDispatchFlag + 1;
-  static constexpr uint32_t kLastFlag = kMathFlag + 1;
+  static constexpr uint32_t kMathClaim = kMathFlag + 1;  // the combine loop's next unit
+  static constexpr uint32_t kLastFlag = kMathClaim + 1;
   static constexpr uint32_t kTraceCounts = kLastFlag + 1;  // [kTraceRoles]: events logged per role
   static constexpr uint32_t kSplits = kTraceCounts + 3;     // RoutedSplits
   static constexpr uint32_t kPullState = kSplits + 6;       // the producer's pulls: phases, segments built
@@ -679,7 +680,7 @@ __device__ void math_fused(FusedScheduler<Config>& s, uint32_t math_warpgroup, u
         unit_tokens(s.classify(index).index, s.plan().tokens_per_combine, static_cast<uint32_t>(c.num_tokens));
     combine::combine_tokens(c, tokens.begin, tokens.end, math_thread, Config::kMathThreads);
     if (math_thread == 0) trace_event(s, TraceRole::math, index, UnitKind::combine, TraceWhat::done);
-    uint32_t* next = s.words(FusedTables::kMathFlag);
+    uint32_t* next = s.words(FusedTables::kMathClaim);
     gemm::math_barrier<Config>();
     if (math_thread == 0) *next = s.claim();
     gemm::math_barrier<Config>();
