@@ -233,4 +233,31 @@ MEGAMOE_HD void front_acknowledge(const FrontRingLayout& l, void* src_ring, uint
                          front_generation(seq, l.num_slots));
 }
 
+// ---- Streamed dispatch: chunk-local expert pools (docs/streaming.md, "Chunk-aware dispatch") ----
+
+// Step s of a call on a destination takes chunk s of every source rank that still has chunks. The
+// step's routes to the destination's experts form one segment of its pool, from the call's row
+// cursor, laid out by local expert, then source rank, then token and choice: so the layout depends
+// on the routes alone, not on the order in which chunks arrived, and local expert e's group in the
+// segment is rows [first_row(e, 0), first_row(e + 1, 0)). A dispatch fills it in three passes:
+// count each (local expert, source rank) pair's routes, place the segment (the counts become each
+// pair's first row), then give each route the next row of its pair in token and choice order.
+struct StreamSegment {
+  uint32_t row_begin = 0;
+  uint32_t row_end = 0;  // the next step's row_begin
+};
+
+// pair_rows[e * num_ranks + src]: in, the routes of source src to local expert e in this step; out,
+// the pair's first row (an exclusive prefix in (expert, source) order from row_begin).
+MEGAMOE_HD StreamSegment stream_segment_place(uint32_t* pair_rows, uint32_t experts_per_rank,
+                                              uint32_t num_ranks, uint32_t row_begin) {
+  uint32_t row = row_begin;
+  for (uint32_t pair = 0; pair < experts_per_rank * num_ranks; ++pair) {
+    const uint32_t routes = pair_rows[pair];
+    pair_rows[pair] = row;
+    row += routes;
+  }
+  return {row_begin, row};
+}
+
 }  // namespace megamoe

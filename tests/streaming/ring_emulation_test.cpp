@@ -1,11 +1,13 @@
 // The streaming front-ring protocol on host threads: the protocol steps of megamoe/streaming.h run
 // over std::atomic_ref with acquire/release, by route producers, layout producers and consumers of
 // several emulated ranks, with random delays, many ring wraps, uneven ranks and ranks with no tokens.
-// Every route must reach its owner exactly once, with its payload and its token position. Also built
+// Every route must reach its owner exactly once, with its payload and its token position, in the
+// owner's chunk-local pool segments (the streamed dispatch's layout, stream_segment_place). Also built
 // under ThreadSanitizer (streaming_ring_emulation_tsan), which checks that the acquire/release
 // hand-offs order every payload access.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -15,8 +17,10 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include "megamoe/layout.h"
 #include "megamoe/streaming.h"
 
 namespace megamoe {
@@ -110,6 +114,8 @@ class Emulation {
     }
     routes_.assign(ranks, std::vector<uint8_t>(ranks * config.calls * capacity * config.top_k, 0));
     chunks_seen_.assign(ranks, std::vector<uint32_t>(ranks * config.calls, 0));
+    pool_fingerprints_.assign(ranks, std::vector<uint64_t>(config.calls, 0));
+    pool_capacity_ = static_cast<uint32_t>(BufferLayout::worst_case_pool_rows(p));
   }
 
   // Producer `half` of rank `rank`, call `call`: writes and publishes every chunk of the call.
@@ -149,31 +155,59 @@ class Emulation {
     *ring_.producer_cursor(ring, half) = first + chunks;
   }
 
-  // Consumer of rank `dst`, call `call`: takes every source's chunks (sources in random order),
-  // checks them, records the routes to its experts, and acknowledges each chunk.
+  // Consumer of rank `dst`, call `call`, in steps: step s waits for chunk s of every source that still
+  // has chunks (in random order), checks them and counts the routes to its experts, places the step's
+  // segment of the pool, gives each route its row (sources again in random order), and acknowledges
+  // each chunk once its routes have rows. Then checks the call's pool (check_pool).
   void consume(int32_t dst, uint32_t call, std::mt19937_64& rng) {
     const auto ranks = static_cast<uint32_t>(config_.num_ranks);
+    const auto experts_per_rank = static_cast<uint32_t>(problem_.experts_per_rank());
     void* own = ring_of(dst);
     std::vector<uint64_t> next(ranks);
     std::vector<bool> finished(ranks, false);
     for (uint32_t src = 0; src < ranks; ++src) next[src] = *ring_.consumer_cursor(own, src);
-    for (uint32_t remaining = ranks; remaining > 0 && !aborted();) {
-      uint32_t src = static_cast<uint32_t>(rng() % ranks);
-      while (finished[src]) src = (src + 1) % ranks;
-      void* src_ring = ring_of(static_cast<int32_t>(src));
-      const uint64_t seq = next[src];
-      const uint32_t slot = front_slot(seq, ring_.num_slots);
-      const FrontWaitResult ready = front_wait_ready<HostAtomics>(ring_, src_ring, src, seq, kTimeoutNs);
-      if (!ready.ok()) return fail("rank " + std::to_string(dst) + " consumer " + describe(ready));
-      const FrontSlotMeta meta = *ring_.slot_meta(src_ring, slot);
-      read_chunk(dst, src, call, meta, src_ring, slot);
-      finished[src] = meta.last != 0;
-      delay(rng);
-      front_acknowledge<HostAtomics>(ring_, src_ring, static_cast<uint32_t>(dst), seq);
-      ++next[src];
-      if (finished[src]) --remaining;
+    std::vector<PoolRow> pool;
+    std::vector<uint32_t> pair_rows(size_t{experts_per_rank} * ranks);
+    uint32_t row_cursor = 0;
+    for (uint32_t step = 0, remaining = ranks; remaining > 0 && !aborted(); ++step) {
+      std::vector<uint32_t> sources;
+      for (uint32_t src = 0; src < ranks; ++src)
+        if (!finished[src]) sources.push_back(src);
+      std::fill(pair_rows.begin(), pair_rows.end(), 0u);
+      std::vector<FrontSlotMeta> metas(ranks);
+      std::shuffle(sources.begin(), sources.end(), rng);
+      for (uint32_t src : sources) {
+        void* src_ring = ring_of(static_cast<int32_t>(src));
+        const FrontWaitResult ready = front_wait_ready<HostAtomics>(ring_, src_ring, src, next[src], kTimeoutNs);
+        if (!ready.ok()) return fail("rank " + std::to_string(dst) + " consumer " + describe(ready));
+        metas[src] = *ring_.slot_meta(src_ring, front_slot(next[src], ring_.num_slots));
+        if (!check_chunk(dst, src, call, metas[src], src_ring, front_slot(next[src], ring_.num_slots), pair_rows))
+          return;
+      }
+      const StreamSegment segment = stream_segment_place(pair_rows.data(), experts_per_rank, ranks, row_cursor);
+      if (segment.row_end > pool_capacity_) {
+        return fail("rank " + std::to_string(dst) + " call " + std::to_string(call) + ": step " +
+                    std::to_string(step) + " ends at pool row " + std::to_string(segment.row_end) + ", past " +
+                    std::to_string(pool_capacity_));
+      }
+      pool.resize(segment.row_end);
+      std::shuffle(sources.begin(), sources.end(), rng);
+      for (uint32_t src : sources) {
+        void* src_ring = ring_of(static_cast<int32_t>(src));
+        const uint32_t slot = front_slot(next[src], ring_.num_slots);
+        take_rows(dst, src, call, step, metas[src], src_ring, slot, pair_rows, pool);
+        delay(rng);
+        front_acknowledge<HostAtomics>(ring_, src_ring, static_cast<uint32_t>(dst), next[src]);
+        ++next[src];
+        if (metas[src].last != 0) {
+          finished[src] = true;
+          --remaining;
+        }
+      }
+      row_cursor = segment.row_end;
     }
     for (uint32_t src = 0; src < ranks; ++src) *ring_.consumer_cursor(own, src) = next[src];
+    if (!aborted()) check_pool(dst, call, pool);
   }
 
   // After every thread has joined: each route reached its owner exactly once and nothing else
@@ -227,17 +261,31 @@ class Emulation {
     return chunks;
   }
   uint32_t slots() const { return ring_.num_slots; }
+  uint64_t pool_fingerprint(int32_t dst, uint32_t call) const {
+    return pool_fingerprints_[static_cast<size_t>(dst)][call];
+  }
 
  private:
-  void read_chunk(int32_t dst, uint32_t src, uint32_t call, const FrontSlotMeta& meta, void* src_ring,
-                  uint32_t slot) {
+  // One pool row: the route it holds (its combine slot, PoolSource) and the step that placed it.
+  struct PoolRow {
+    PoolSource source{~0u, ~0u};
+    float weight = 0;
+    uint32_t step = 0;
+    uint32_t local_expert = 0;
+  };
+
+  // Checks a chunk's metadata, routes and rows, and counts its routes to dst's experts per (local
+  // expert, source) pair. False after a failure.
+  bool check_chunk(int32_t dst, uint32_t src, uint32_t call, const FrontSlotMeta& meta, void* src_ring,
+                   uint32_t slot, std::vector<uint32_t>& pair_rows) {
     uint32_t& seen = chunks_seen_[static_cast<size_t>(dst)][index(static_cast<int32_t>(src), call)];
     const FrontSlotMeta expected =
         front_chunk_meta(tokens_[index(static_cast<int32_t>(src), call)], ring_.tokens_per_slot, seen);
     ++seen;
     if (meta.token_base != expected.token_base || meta.valid != expected.valid || meta.last != expected.last) {
-      return fail("rank " + std::to_string(dst) + " read wrong metadata from source " + std::to_string(src) +
-                  " call " + std::to_string(call));
+      fail("rank " + std::to_string(dst) + " read wrong metadata from source " + std::to_string(src) + " call " +
+           std::to_string(call));
+      return false;
     }
     for (uint32_t t = 0; t < meta.valid; ++t) {
       const uint32_t token = meta.token_base + t;
@@ -246,11 +294,12 @@ class Emulation {
         const int32_t expert = ring_.slot_topk_idx(src_ring, slot)[t * ring_.top_k + k];
         const float weight = ring_.slot_topk_weights(src_ring, slot)[t * ring_.top_k + k];
         if (expert != expert_of(key, k, ring_.top_k, experts()) || weight != route_weight(key, k)) {
-          return fail("rank " + std::to_string(dst) + " read a wrong route of source " + std::to_string(src) +
-                      " call " + std::to_string(call) + " token " + std::to_string(token));
+          fail("rank " + std::to_string(dst) + " read a wrong route of source " + std::to_string(src) + " call " +
+               std::to_string(call) + " token " + std::to_string(token));
+          return false;
         }
         if (expert < 0 || problem_.owner_rank(expert) != dst) continue;
-        // A route to this rank: "pull" its row as the owner would, and record where it goes back.
+        // A route to this rank: "pull" its row as the owner would.
         const uint8_t* row = ring_.slot_x(src_ring, slot) + static_cast<uint64_t>(t) * ring_.row_bytes;
         bool row_ok = true;
         for (uint32_t column = 0; column < ring_.row_bytes; ++column) row_ok &= row[column] == x_byte(key, column);
@@ -258,12 +307,66 @@ class Emulation {
           row_ok &= ring_.slot_x_scales(src_ring, slot)[t * ring_.scale_blocks + block] == x_scale(key, block);
         }
         if (!row_ok) {
-          return fail("rank " + std::to_string(dst) + " pulled a wrong row of source " + std::to_string(src) +
-                      " call " + std::to_string(call) + " token " + std::to_string(token));
+          fail("rank " + std::to_string(dst) + " pulled a wrong row of source " + std::to_string(src) + " call " +
+               std::to_string(call) + " token " + std::to_string(token));
+          return false;
         }
+        ++pair_rows[pair_index(expert, src)];
+      }
+    }
+    return true;
+  }
+
+  // Gives each of the chunk's routes to dst the next row of its (local expert, source) pair, in token
+  // and choice order, and records where it goes back.
+  void take_rows(int32_t dst, uint32_t src, uint32_t call, uint32_t step, const FrontSlotMeta& meta,
+                 void* src_ring, uint32_t slot, std::vector<uint32_t>& pair_rows, std::vector<PoolRow>& pool) {
+    for (uint32_t t = 0; t < meta.valid; ++t) {
+      const uint32_t token = meta.token_base + t;
+      for (uint32_t k = 0; k < ring_.top_k; ++k) {
+        const int32_t expert = ring_.slot_topk_idx(src_ring, slot)[t * ring_.top_k + k];
+        if (expert < 0 || problem_.owner_rank(expert) != dst) continue;
+        const uint32_t row = pair_rows[pair_index(expert, src)]++;
+        if (row >= pool.size() || pool[row].source.rank != ~0u) {
+          return fail("rank " + std::to_string(dst) + " call " + std::to_string(call) + ": route of source " +
+                      std::to_string(src) + " token " + std::to_string(token) + " got row " + std::to_string(row) +
+                      (row >= pool.size() ? ", past its segment" : ", already taken"));
+        }
+        const float weight = ring_.slot_topk_weights(src_ring, slot)[t * ring_.top_k + k];
+        pool[row] = {PoolSource{src, token * ring_.top_k + k}, weight, step,
+                     static_cast<uint32_t>(problem_.local_expert(expert))};
         ++routes_[static_cast<size_t>(dst)][route_index(src, call, token, k)];
       }
     }
+  }
+
+  // The call's pool on dst: every row holds a route, with its own weight; rows run by step, then
+  // local expert, then source rank, then token and choice (the layout rule); its fingerprint is kept
+  // so that runs of the same routing in another order can be compared.
+  void check_pool(int32_t dst, uint32_t call, const std::vector<PoolRow>& pool) {
+    uint64_t fingerprint = mix(pool.size());
+    for (size_t row = 0; row < pool.size(); ++row) {
+      const PoolRow& r = pool[row];
+      const std::string where = "rank " + std::to_string(dst) + " call " + std::to_string(call) + " pool row " +
+                                std::to_string(row);
+      if (r.source.rank == ~0u) return fail(where + " holds no route");
+      const uint32_t token = r.source.token_topk / ring_.top_k, k = r.source.token_topk % ring_.top_k;
+      if (r.weight != route_weight(token_key(r.source.rank, call, token), k)) return fail(where + ": wrong weight");
+      if (row > 0) {
+        const PoolRow& p = pool[row - 1];
+        const auto order = [](const PoolRow& x) {
+          return std::make_tuple(x.step, x.local_expert, x.source.rank, x.source.token_topk);
+        };
+        if (!(order(p) < order(r))) return fail(where + " breaks the (step, expert, source, token) order");
+      }
+      fingerprint = mix(fingerprint ^ (uint64_t{r.source.rank} << 32 | r.source.token_topk) ^
+                        (uint64_t{r.step} << 48));
+    }
+    pool_fingerprints_[static_cast<size_t>(dst)][call] = fingerprint;
+  }
+
+  size_t pair_index(int32_t expert, uint32_t src) const {
+    return static_cast<size_t>(problem_.local_expert(expert)) * static_cast<uint32_t>(config_.num_ranks) + src;
   }
 
   static void delay(std::mt19937_64& rng) {
@@ -297,6 +400,8 @@ class Emulation {
   // Written by one consumer thread each ([destination][...]), read after join.
   std::vector<std::vector<uint8_t>> routes_;      // [src][call][token][k]: times the route arrived
   std::vector<std::vector<uint32_t>> chunks_seen_;  // [src][call]
+  std::vector<std::vector<uint64_t>> pool_fingerprints_;  // [call]
+  uint32_t pool_capacity_ = 0;                            // rows of a destination's pool
   mutable std::mutex failures_mutex_;
   std::vector<std::string> failures_;
   std::atomic<bool> aborted_{false};
@@ -364,6 +469,27 @@ TEST(FrontRingEmulation, SerializedRanksDeliverEveryRouteOnce) {
   emulation.expect_no_failure();
   ASSERT_FALSE(emulation.failed());
   emulation.check_delivery();
+}
+
+// The pools' layout depends on the routes only: the same routing, run with every agent at its own
+// pace and run serialized, gives every destination the same pool in every call.
+TEST(FrontRingEmulation, PoolsDoNotDependOnArrivalOrder) {
+  Config config;
+  config.seed = 5;
+  config.calls = 300;
+  Emulation concurrent(config);
+  run_concurrent(concurrent);
+  concurrent.expect_no_failure();
+  ASSERT_FALSE(concurrent.failed());
+  concurrent.check_delivery();
+  Emulation serialized(config);
+  run_serialized(serialized);
+  serialized.expect_no_failure();
+  ASSERT_FALSE(serialized.failed());
+  for (int32_t dst = 0; dst < config.num_ranks; ++dst)
+    for (uint32_t call = 0; call < config.calls; ++call)
+      ASSERT_EQ(concurrent.pool_fingerprint(dst, call), serialized.pool_fingerprint(dst, call))
+          << "destination " << dst << " call " << call;
 }
 
 TEST(FrontRingEmulation, OneSlotTwoRanks) {
