@@ -447,15 +447,20 @@ void run_serialized(Emulation& emulation) {
   for (std::thread& thread : threads) thread.join();
 }
 
+// Runs `schedule` over the emulation; nothing may fail, and every route must arrive once.
+void run_checked(Emulation& emulation, void (*schedule)(Emulation&)) {
+  schedule(emulation);
+  emulation.expect_no_failure();
+  ASSERT_FALSE(emulation.failed()) << "seed " << emulation.seed();
+  emulation.check_delivery();
+}
+
 TEST(FrontRingEmulation, ConcurrentRanksDeliverEveryRouteOnce) {
   for (uint64_t seed : {1u, 2u}) {
     Config config;
     config.seed = seed;
     Emulation emulation(config);
-    run_concurrent(emulation);
-    emulation.expect_no_failure();
-    ASSERT_FALSE(emulation.failed()) << "seed " << seed;
-    emulation.check_delivery();
+    ASSERT_NO_FATAL_FAILURE(run_checked(emulation, run_concurrent));
     // Many wraps of every non-empty source's ring.
     EXPECT_GT(emulation.chunks_published(0), 100ull * emulation.slots());
   }
@@ -465,10 +470,7 @@ TEST(FrontRingEmulation, SerializedRanksDeliverEveryRouteOnce) {
   Config config;
   config.seed = 3;
   Emulation emulation(config);
-  run_serialized(emulation);
-  emulation.expect_no_failure();
-  ASSERT_FALSE(emulation.failed());
-  emulation.check_delivery();
+  ASSERT_NO_FATAL_FAILURE(run_checked(emulation, run_serialized));
 }
 
 // The pools' layout depends on the routes only: the same routing, run with every agent at its own
@@ -478,14 +480,9 @@ TEST(FrontRingEmulation, PoolsDoNotDependOnArrivalOrder) {
   config.seed = 5;
   config.calls = 300;
   Emulation concurrent(config);
-  run_concurrent(concurrent);
-  concurrent.expect_no_failure();
-  ASSERT_FALSE(concurrent.failed());
-  concurrent.check_delivery();
+  ASSERT_NO_FATAL_FAILURE(run_checked(concurrent, run_concurrent));
   Emulation serialized(config);
-  run_serialized(serialized);
-  serialized.expect_no_failure();
-  ASSERT_FALSE(serialized.failed());
+  ASSERT_NO_FATAL_FAILURE(run_checked(serialized, run_serialized));
   for (int32_t dst = 0; dst < config.num_ranks; ++dst)
     for (uint32_t call = 0; call < config.calls; ++call)
       ASSERT_EQ(concurrent.pool_fingerprint(dst, call), serialized.pool_fingerprint(dst, call))
@@ -501,10 +498,7 @@ TEST(FrontRingEmulation, OneSlotTwoRanks) {
   config.tokens_per_slot = 3;
   config.seed = 4;
   Emulation emulation(config);
-  run_concurrent(emulation);
-  emulation.expect_no_failure();
-  ASSERT_FALSE(emulation.failed());
-  emulation.check_delivery();
+  ASSERT_NO_FATAL_FAILURE(run_checked(emulation, run_concurrent));
 }
 
 // ---- The waits name what they gave up on ----
