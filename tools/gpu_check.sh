@@ -218,13 +218,6 @@ step_sanitize() {
   echo "wrote $outfile and $OUT/sanitize-logs.tar.gz"
 }
 
-# The sequence that once ended in an illegal address (issue 33), reduced, N times; stops at the first
-# failing command and prints its output. MEGAMOE: the tool (megamoe_layer_bench beside it or in its
-# bench/layer/). STRESS_STREAMS=K runs K copies of the sequence at once, N in all (the GPU idles
-# through most of one sequence's host work, so K streams do more runs per device second, and their
-# kernels overlap each other's); STRESS_SECONDS stops starting new runs after that long, so that a
-# call's time limit still leaves the JSON. Writes $OUT/stress.json, one row {runs, failures, streams,
-# failed_command, first_failure}.
 # Prints where each GPU core file of a stream's failed run points (kernel, PC, exception), by cuda-gdb.
 stress_core_report() {
   local core
@@ -237,6 +230,13 @@ stress_core_report() {
   done
 }
 
+# The sequence that once ended in an illegal address (issue 33), reduced, N times; stops at the first
+# failing command and prints its output. MEGAMOE: the tool (megamoe_layer_bench beside it or in its
+# bench/layer/). STRESS_STREAMS=K runs K copies of the sequence at once, N in all (the GPU idles
+# through most of one sequence's host work, so K streams do more runs per device second, and their
+# kernels overlap each other's); STRESS_SECONDS stops starting new runs after that long, so that a
+# call's time limit still leaves the JSON. Writes $OUT/stress.json, one row {runs, failures, streams,
+# failed_command, first_failure}.
 stress_stream() {  # STREAM RUNS END_SECONDS: one stream's runs; its result line in $OUT/stress-STREAM.result
   local stream=$1 n=$2 end=$3 megamoe=${MEGAMOE:-$BUILD/megamoe} run=0 failure="" failed_command=""
   local dump="$OUT/stress-dump-$stream" log="$OUT/stress-$stream.log"
