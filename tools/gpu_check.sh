@@ -3,8 +3,9 @@
 #   tools/gpu_check.sh STEP...   steps: info | sass BIN | test BIN [gtest args] | test-each BIN |
 #                                       tests DIR | ctest | sanitize DIR OUTFILE | stress N
 #     sanitize DIR OUTFILE: every GPU test binary under DIR under the four compute-sanitizer tools
-#                           (reduced runs, $SANITIZE_SECONDS in all, default 480), and the sanitizer
-#                           probe under racecheck; rows {binary, tool, errors, explained}
+#                           (reduced runs, $SANITIZE_SECONDS in all, default 480; $SANITIZE_TOOLS:
+#                           fewer), and the sanitizer probe under racecheck; rows {binary, tool,
+#                           errors, explained}
 #     stress N:             issue 33's run/dump/bench sequence N times, stopping at the first failure
 #                           ($MEGAMOE: the tool, default $BUILD/megamoe; $STRESS_STREAMS sequences at
 #                           once, $STRESS_SECONDS a time limit); $OUT/stress.json
@@ -129,10 +130,28 @@ sanitize_filter() {
       else echo '*TokenTile16Swiglu/*:*TokensOnMFromFortyRowsStore/*'; fi ;;
     layer_emulated_test)
       if [ "$tool" = memcheck ]; then echo '*EveryCase/2_ranks'; else echo '*EveryCase/1_ranks'; fi ;;
-    layer_process_test) echo '*EveryCase/1_gpus' ;;
+    layer_process_test) echo '*EveryCase/1_gpus' ;;  # with sanitize_cases' few cases
     comm_emulated_test) echo '*/2ranks:EmulatedLauncher.*:-*10000Times*:*100Times*:*Timeout*' ;;
-    comm_process_test) echo '*/1gpus:-*10000Times*' ;;
+    comm_process_test) echo '*/1gpus:-*10000Times*:*100Times*' ;;
     *) echo '*' ;;
+  esac
+}
+
+# The process layer test forks a rank process (and creates a communicator) per case and schedule,
+# which the tools slow most: there it runs the three recipes' basic case and a refused call, which
+# reach every kernel and the process path; the emulated test runs every case in-process.
+sanitize_cases() {
+  case $1 in
+    layer_process_test) echo 'basic_shared,capacity_one_below' ;;
+    *) echo '' ;;
+  esac
+}
+
+# A binary's share of the step's time: the layer tests run whole layers, the others a few kernels.
+sanitize_weight() {
+  case $1 in
+    layer_emulated_test|layer_process_test) echo 4 ;;
+    *) echo 1 ;;
   esac
 }
 
@@ -149,11 +168,13 @@ count_reports() {
   ' "$1"
 }
 
-# Every GPU test binary under DIR under memcheck, racecheck, synccheck and initcheck (reduced runs);
-# rows {binary, tool, errors, explained, filtered, exit, seconds} in OUTFILE. Runs that did not start
-# within the step's 8 minutes are rows with errors -1 and the reason in explained.
+# Every GPU test binary under DIR under memcheck, racecheck, synccheck and initcheck (reduced runs;
+# $SANITIZE_TOOLS picks fewer, so that one sweep can span two device calls); rows {binary, tool,
+# errors, explained, filtered, exit, seconds} in OUTFILE. Runs that did not start within the step's
+# $SANITIZE_SECONDS are rows with errors -1 and the reason in explained.
 step_sanitize() {
   local dir=$1 outfile=$2 budget=${SANITIZE_SECONDS:-480} start=$SECONDS first=1
+  local tools=${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
   # The logs travel as one archive beside the JSON: the device machine returns at most 8 files.
   local logs="$OUT/sanitize-logs"
   mkdir -p "$logs"
@@ -161,23 +182,26 @@ step_sanitize() {
   if [ ${#binaries[@]} -eq 0 ]; then echo "sanitize: no GPU test binaries under $dir"; status=1; return; fi
   mkdir -p "$(dirname "$outfile")"
   results_header sanitizer "tools/gpu_check.sh sanitize $dir $outfile" >"$outfile"
-  local binary tool runs_left=$((4 * ${#binaries[@]}))
-  for tool in memcheck racecheck synccheck initcheck; do
+  local binary tool weights_left=0
+  for tool in $tools; do
+    for binary in "${binaries[@]}"; do weights_left=$((weights_left + $(sanitize_weight "$(basename "$binary")"))); done
+  done
+  for tool in $tools; do
     for binary in "${binaries[@]}"; do
       local base; base=$(basename "$binary")
       local log="$logs/$tool-$base.log" errors=-1 filtered=0 rc=-1 explained="" took=0
-      local left=$((budget - (SECONDS - start)))
-      # Each run may take twice its even share of what is left (at least 15 s), so that a slow run
-      # cannot starve the tools after it.
-      local cap=$((2 * left / runs_left))
+      local left=$((budget - (SECONDS - start))) weight; weight=$(sanitize_weight "$base")
+      # Each run may take twice its share of what is left (at least 15 s), so that a slow run cannot
+      # starve the tools after it.
+      local cap=$((2 * left * weight / weights_left))
       [ $cap -ge 15 ] || cap=15
       [ $cap -le $left ] || cap=$left
-      runs_left=$((runs_left - 1))
+      weights_left=$((weights_left - weight))
       if [ $left -lt 10 ]; then
         explained="not run: the step's ${budget} s were spent"
       else
         local t0=$SECONDS
-        MEGAMOE_TEST_QUICK=1 MEGAMOE_TIMEOUT_MS=120000 timeout "$cap" \
+        MEGAMOE_TEST_QUICK=1 MEGAMOE_TIMEOUT_MS=120000 MEGAMOE_TEST_CASES=$(sanitize_cases "$base") timeout "$cap" \
           compute-sanitizer --tool "$tool" --target-processes all "$binary" --gtest_color=no \
           --gtest_filter="$(sanitize_filter "$base" "$tool")" >"$log" 2>&1
         rc=$?
@@ -201,7 +225,7 @@ step_sanitize() {
   # The probe's hand-overs are correct by construction and check their results: what racecheck
   # reports on them, it also reports on the kernels' same hand-overs without a race.
   local probe; probe=$(find "$dir" -maxdepth 3 -type f -name megamoe_sanitizer_probe -perm -u+x | head -1)
-  if [ -n "$probe" ]; then
+  if [ -n "$probe" ] && [[ " $tools " == *" racecheck "* ]]; then
     local log="$logs/racecheck-megamoe_sanitizer_probe.log" errors=-1 filtered=0 rc=-1 t0=$SECONDS
     timeout 60 compute-sanitizer --tool racecheck "$probe" >"$log" 2>&1
     rc=$?

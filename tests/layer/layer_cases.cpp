@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 
 namespace megamoe::layer_test {
@@ -32,6 +34,24 @@ void shrink(std::vector<LayerCase>& cases) {
     c.variant_calls = std::min(c.variant_calls, 8);
   }
   std::erase_if(cases, [](const LayerCase& c) { return c.hold_half_the_sms; });
+}
+
+// MEGAMOE_TEST_CASES: a comma-separated list; only the cases whose name contains one of its entries
+// run (tools/gpu_check.sh sanitize runs a few cases of the process test, which forks per case and
+// schedule). A list that matches no case is an error, so that a misspelt entry cannot pass as a run.
+void select(std::vector<LayerCase>& cases) {
+  const char* value = std::getenv("MEGAMOE_TEST_CASES");
+  if (value == nullptr || value[0] == '\0') return;
+  std::vector<std::string> wanted;
+  std::stringstream list(value);
+  for (std::string entry; std::getline(list, entry, ',');)
+    if (!entry.empty()) wanted.push_back(entry);
+  std::erase_if(cases, [&](const LayerCase& c) {
+    return std::none_of(wanted.begin(), wanted.end(),
+                        [&](const std::string& entry) { return c.name.find(entry) != std::string::npos; });
+  });
+  if (cases.empty())
+    throw std::invalid_argument(std::string("MEGAMOE_TEST_CASES='") + value + "' matches no layer case name");
 }
 
 }  // namespace
@@ -181,6 +201,7 @@ std::vector<LayerCase> cases_for_ranks(int32_t ranks) {
     capacity.capacity_margin = margin;
     cases.push_back(capacity);
   }
+  select(cases);
   return cases;
 }
 

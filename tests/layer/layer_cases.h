@@ -9,7 +9,8 @@ namespace megamoe::layer_test {
 
 // Token counts cycle through {0, 1, 7, 128, 1000, 4096} across ranks and cases, so every rank count
 // sees uneven ranks and a rank with no tokens. MEGAMOE_TEST_QUICK=1 caps them at 64 and the calls of
-// a case at a few (runs under compute-sanitizer).
+// a case at a few (runs under compute-sanitizer); MEGAMOE_TEST_CASES=a,b keeps the cases whose
+// name contains a or b.
 std::vector<LayerCase> cases_for_ranks(int32_t ranks);
 
 // A case for `ranks` >= 2 ranks in which the last rank never calls (run it with a short
