@@ -8,7 +8,8 @@
 #                           errors, explained}
 #     stress N:             issue 33's run/dump/bench sequence N times, stopping at the first failure
 #                           ($MEGAMOE: the tool, default $BUILD/megamoe; $STRESS_STREAMS sequences at
-#                           once, $STRESS_SECONDS a time limit); $OUT/stress.json
+#                           once, $STRESS_SECONDS a time limit; $STRESS_TREE: the source tree it
+#                           was built from, default .); $OUT/stress.json
 #   tools/gpu_check.sh trees TREE...              builds each source tree (e.g. `git archive REV | tar -x -C
 #                                                 out/ab-x`) into TREE/build at once, the machine's cores
 #                                                 shared: the megamoe tool and the layer bench ($TARGETS:
@@ -303,6 +304,13 @@ stress_stream() {  # STREAM RUNS END_SECONDS: one stream's runs; its result line
   printf '%d\t%s\t%s\n' "$run" "$failed_command" "$failure" >"$OUT/stress-$stream.result"
 }
 
+# A digest of the sources the kernels compile from (src/ and include/ of DIR): runs with the same
+# digest ran the same kernels, so a stress count may add up over calls and sessions.
+kernel_sources_digest() {
+  (cd "$1" && find src include -type f \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' \) | LC_ALL=C sort |
+    xargs sha256sum | sha256sum | cut -c1-16)
+}
+
 step_stress() {
   local n=$1 streams=${STRESS_STREAMS:-1} end=$((SECONDS + ${STRESS_SECONDS:-1000000000})) stream
   for stream in $(seq 1 "$streams"); do
@@ -319,8 +327,8 @@ step_stress() {
   echo "stress: $runs of $n runs passed in $streams stream(s)${failed_command:+; failed: $failed_command}"
   {
     results_header stress "tools/gpu_check.sh stress $n (STRESS_STREAMS=$streams)"
-    printf '    {"runs": %d, "failures": %d, "streams": %d, "failed_command": "%s", "first_failure": "%s"}\n  ]\n}\n' \
-      "$runs" "$failures" "$streams" "$failed_command" "$failure"
+    printf '    {"runs": %d, "failures": %d, "streams": %d, "kernel_sources": "%s", "failed_command": "%s", "first_failure": "%s"}\n  ]\n}\n' \
+      "$runs" "$failures" "$streams" "$(kernel_sources_digest "${STRESS_TREE:-.}")" "$failed_command" "$failure"
   } >"$OUT/stress.json"
   [ "$failures" -eq 0 ] || status=1
 }
