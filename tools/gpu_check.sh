@@ -3,9 +3,9 @@
 #   tools/gpu_check.sh STEP...   steps: info | sass BIN | test BIN [gtest args] | test-each BIN |
 #                                       tests DIR | ctest | sanitize DIR OUTFILE | stress N
 #     sanitize DIR OUTFILE: every GPU test binary under DIR under the four compute-sanitizer tools
-#                           (reduced runs, $SANITIZE_SECONDS in all, default 480; $SANITIZE_TOOLS:
-#                           fewer), and the sanitizer probe under racecheck; rows {binary, tool,
-#                           errors, explained}
+#                           (reduced runs, $SANITIZE_SECONDS in all, default 480; $SANITIZE_TOOLS
+#                           and $SANITIZE_BINARIES: fewer), and the sanitizer probe under racecheck;
+#                           rows {binary, tool, errors, explained}
 #     stress N:             issue 33's run/dump/bench sequence N times, stopping at the first failure
 #                           ($MEGAMOE: the tool, default $BUILD/megamoe; $STRESS_STREAMS sequences at
 #                           once, $STRESS_SECONDS a time limit; $STRESS_TREE: the source tree it
@@ -173,9 +173,9 @@ count_reports() {
 
 # Every GPU test binary under DIR under memcheck, racecheck, synccheck and initcheck (reduced runs;
 # $SANITIZE_TOOLS and $SANITIZE_BINARIES (a regex of names) pick fewer, so that one sweep can span
-# several device calls); rows {binary, tool,
-# errors, explained, filtered, exit, seconds} in OUTFILE. Runs that did not start within the step's
-# $SANITIZE_SECONDS are rows with errors -1 and the reason in explained.
+# several device calls); rows {binary, tool, errors, explained, filtered, exit, seconds} in OUTFILE.
+# Runs that did not start within the step's $SANITIZE_SECONDS are rows with errors -1 and the reason
+# in explained.
 step_sanitize() {
   local dir=$1 outfile=$2 budget=${SANITIZE_SECONDS:-480} start=$SECONDS first=1
   local tools=${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
@@ -327,7 +327,8 @@ step_stress() {
   echo "stress: $runs of $n runs passed in $streams stream(s)${failed_command:+; failed: $failed_command}"
   {
     results_header stress "tools/gpu_check.sh stress $n (STRESS_STREAMS=$streams)"
-    printf '    {"runs": %d, "failures": %d, "streams": %d, "kernel_sources": "%s", "failed_command": "%s", "first_failure": "%s"}\n  ]\n}\n' \
+    local row='    {"runs": %d, "failures": %d, "streams": %d, "kernel_sources": "%s", "failed_command": "%s", '
+    printf "$row"'"first_failure": "%s"}\n  ]\n}\n' \
       "$runs" "$failures" "$streams" "$(kernel_sources_digest "${STRESS_TREE:-.}")" "$failed_command" "$failure"
   } >"$OUT/stress.json"
   [ "$failures" -eq 0 ] || status=1

@@ -14,7 +14,7 @@
 //                  unit (the fused kernel's combine loop, fused_layer.cuh: math_fused); at
 //                  9b65a85 racecheck reported the kernel's loop but not this one;
 //   claim_polled:  the same with the flag computed as the kernel does, by a polling loop of thread
-//                  0 alone (rank_wait), the rest of its warp at the barrier (not yet run);
+//                  0 alone (rank_wait), the rest of its warp at the barrier (not reported either);
 //   claim_staggered: claim_loop after the prefill GEMMs' stagger, one warp arriving (bar.arrive) on
 //                  another named barrier that the other warp syncs on (pipeline.cuh: stagger_arrive):
 //                  racecheck reports the kernel's loop only in the prefill configs, which stagger
