@@ -306,7 +306,7 @@ __device__ __forceinline__ bool wait_barrier(uint64_t* barrier, uint32_t parity,
       error.site = kWaitGemmStage;
       error.rank = watch.rank;
       error.block = blockIdx.x;
-      error.thread = threadIdx.x;
+      error.thread = ptx::thread_index();
       error.peer = watch.rank;
       error.detail = stage;
       error.expected = parity;
