@@ -96,6 +96,19 @@ __device__ uint32_t next_unit(const SharedStorage<Config>& smem, const RingPosit
   return *smem.unit_slot(ring.stage);
 }
 
+// The scales of K block kb for a tokens_on_m tile's four 64-row weight blocks; blocks past the
+// group's end (a partial last tile) read none and contribute zero.
+__device__ __forceinline__ float4 tile_weight_scales(const MainloopArgs& args, const Tile& tile, uint32_t kb,
+                                                     uint32_t block_m) {
+  const uint32_t first_row_block = (tile.group * args.n_out + tile.m_tile * block_m) / 64;
+  const uint32_t valid_blocks = min(4u, (tile.group + 1) * args.n_out / 64 - first_row_block);
+  const float* scales = args.weight_scales + first_row_block * args.k_blocks + kb;
+  float value[4];
+#pragma unroll
+  for (uint32_t b = 0; b < 4; ++b) value[b] = b < valid_blocks ? __ldg(scales + b * args.k_blocks) : 0.0f;
+  return make_float4(value[0], value[1], value[2], value[3]);
+}
+
 // Loads work unit `index` (its K blocks' stages) into the ring: one thread. on_claim(stage) runs once
 // the unit's first stage is free, before the walkers learn of the unit: what it writes beside the
 // unit slot, they read with it.
@@ -121,7 +134,12 @@ __device__ __forceinline__ void issue_unit(const SharedStorage<Config>& smem, Ri
                                       &job.weights_map, coords, barrier);
   };
   for (uint32_t kb = unit.k_blocks.begin; kb < unit.k_blocks.end; ++kb) {
+    // Loaded before the wait for a free stage, which hides their latency.
+    [[maybe_unused]] float4 block_scales;
+    if constexpr (Config::kStageWeightScales) block_scales = tile_weight_scales(args, tile, kb, Config::kBlockM);
     wait_barrier<Config, true>(smem.empty(ring.stage), ring.phase ^ 1, args.watch, ring.stage);
+    // Stored before the arrival below, which releases them to the math warps with the stage's bytes.
+    if constexpr (Config::kStageWeightScales) *smem.weight_scales(ring.stage) = block_scales;
     if (kb == unit.k_blocks.begin) {
       *smem.unit_slot(ring.stage) = index;
       on_claim(ring.stage);
@@ -539,16 +557,10 @@ __device__ void consume_tokens_on_m_scaled(const SharedStorage<Config>& smem, Ri
                                            uint32_t warpgroup, uint32_t warp, uint32_t lane, uint32_t stagger_kb,
                                            float (&acc)[2][Config::kAccRegs]) {
   using Mma = typename Config::Policy::template Mma<128>;
+  static_assert(Config::kStageWeightScales, "the producer stages the weight-block scales");
   constexpr uint32_t kHalfBytes = 128 * Config::kRowBytes;
-  const uint32_t first_row_block = (tile.group * args.n_out + tile.m_tile * Config::kBlockM) / 64;
-  const uint32_t group_row_blocks_end = (tile.group + 1) * args.n_out / 64;
   const uint32_t token = 64 * warpgroup + 16 * warp + lane / 4;
   const uint32_t scale_row = (tile.row_begin & (Config::kScaleAlignRows - 1)) + token;
-  // The tile's four 64-row weight blocks' scales, walked along K (one pointer, a fixed stride);
-  // blocks past the group's end (a partial last tile) read none and contribute zero.
-  const uint32_t scale_stride = args.k_blocks;
-  const uint32_t valid_blocks = min(4u, group_row_blocks_end - first_row_block);
-  const float* block_scales = args.weight_scales + first_row_block * scale_stride;
   const PipelineWatch& watch = args.watch;
   // fp8: warpgroup 0 lets warpgroup 1 start once its first half of K block stagger_kb has completed,
   // so that each warpgroup's halves fall between the other's instead of in step with them (both
@@ -559,10 +571,9 @@ __device__ void consume_tokens_on_m_scaled(const SharedStorage<Config>& smem, Ri
   float partial[Config::kAccRegs];
   for_each_k_block<!Config::kPacked>(ring, k_blocks, [&](uint32_t stage, uint32_t phase, uint32_t kb) {
     if (!kStaggerAfterFirstHalf && kb == stagger_kb) stagger_arrive();
-    float row_scales[4];  // loaded before the wait
-#pragma unroll
-    for (uint32_t b = 0; b < 4; ++b) row_scales[b] = b < valid_blocks ? __ldg(block_scales + b * scale_stride + kb) : 0.0f;
     wait_barrier<Config>(smem.full(stage), phase, watch, stage);
+    const float4 block_scales = *smem.weight_scales(stage);  // the tile's four 64-row blocks (issue_unit)
+    const float row_scales[4] = {block_scales.x, block_scales.y, block_scales.z, block_scales.w};
     const ptx::SmemDescSw128 desc_tokens = smem.tokens_desc(stage, 64 * warpgroup);
     const float* act_scales = smem.act_scales(stage) + scale_row;
     const float act_scale[2] = {act_scales[0], act_scales[8]};

@@ -78,6 +78,13 @@ struct GemmConfig {
   static constexpr uint32_t kScaleBoxRows = kBlockN + kScaleAlignRows;
   static constexpr uint32_t kScaleBytes = Policy::kScaled ? kScaleBoxRows * 4 : 0;
   static constexpr uint32_t kScaleStride = (kScaleBytes + 127) / 128 * 128;
+  // tokens_on_m, scaled recipes: the producer also stores the K block's four 64-row weight-block scales
+  // into the stage, past the activation scales, so that the math warps' K loop reads them from shared
+  // memory instead of holding the scales' address, stride and valid count in registers (the fused fp8
+  // prefill kernel's math warps spilled 48 instructions with them, 17 without).
+  static constexpr bool kStageWeightScales = Policy::kScaled && kLayout == TileLayout::tokens_on_m;
+  static constexpr uint32_t kWeightScaleOffset = (kScaleBytes + 15) / 16 * 16;  // within a stage's scale area
+  static_assert(!kStageWeightScales || kWeightScaleOffset + 16 <= kScaleStride, "no room for the weight scales");
   // Packed (fp8_fp4) weights land in a raw area of the stage: E2M1 pairs (rows of 64 bytes, TMA's
   // 64-byte swizzle: 16-byte chunk g of row r at g ^ (r / 2) % 4, so that a quad's reads of one row
   // and the converters' of whole groups are free of bank conflicts) and each group of 32's shift.
@@ -187,6 +194,11 @@ struct SharedStorage {
   __device__ float* act_scales(uint32_t stage) const {
     return reinterpret_cast<float*>(base + Config::kScaleOffset + stage * Config::kScaleStride);
   }
+  // kStageWeightScales: the stage's K block's scales of the tile's four 64-row weight blocks.
+  __device__ float4* weight_scales(uint32_t stage) const {
+    return reinterpret_cast<float4*>(base + Config::kScaleOffset + stage * Config::kScaleStride +
+                                     Config::kWeightScaleOffset);
+  }
   __device__ uint8_t* raw_weights(uint32_t stage) const { return base + Config::kRawOffset + stage * Config::kRawStride; }
   __device__ uint8_t* raw_shifts(uint32_t stage) const { return raw_weights(stage) + Config::kRawWeightBytes; }
   __device__ uint64_t* raw_full(uint32_t stage) const {
@@ -294,7 +306,7 @@ __device__ __forceinline__ bool wait_barrier(uint64_t* barrier, uint32_t parity,
       error.site = kWaitGemmStage;
       error.rank = watch.rank;
       error.block = blockIdx.x;
-      error.thread = threadIdx.x;
+      error.thread = ptx::thread_index();
       error.peer = watch.rank;
       error.detail = stage;
       error.expected = parity;

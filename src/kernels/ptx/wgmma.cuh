@@ -77,6 +77,14 @@ MEGAMOE_DEVICE void prefetch_l2(const void* address) { asm volatile("prefetch.gl
 // (bar.sync, aligned) requires every thread of the CTA to execute the same instruction.
 __device__ __forceinline__ void cta_barrier_from_any_site() { asm volatile("barrier.sync 0;" ::: "memory"); }
 
+// threadIdx.x read where it is used: a value the compiler cannot keep live from the kernel's start
+// (in a pipeline wait's rare timeout path it had taken a spill slot reloaded at every wait).
+__device__ __forceinline__ uint32_t thread_index() {
+  uint32_t index;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(index));
+  return index;
+}
+
 // Warp-specialized kernels hand registers from the producer warpgroup to the math warpgroups.
 template <int kRegisters>
 MEGAMOE_DEVICE void setmaxnreg_increase() {
