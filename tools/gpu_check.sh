@@ -85,13 +85,17 @@ step_clocks() {
     awk '{ clock[NR] = $1; power += $2 } END { if (NR) printf "SM clock MHz min %d median %d max %d, mean power %.0f W over %d samples\n", clock[1], clock[int((NR + 1) / 2)], clock[NR], power / NR, NR }'
 }
 
-# Profiles launch SKIP (0-based) of the kernels whose name matches REGEX in CMD: the full section
+# Profiles launch SKIP (0-based) of the kernels whose demangled name (template arguments included,
+# e.g. "grouped_gemm_kernel.*SwigluEpilogue" for an L1 GEMM) matches REGEX in CMD: the full section
 # set with source correlation (NAME.ncu-rep), the headline metrics, and the SASS page with its
 # stall samples (NAME.sass.csv).
 step_ncu() {
   local name=$1 regex=$2 skip=$3; shift 3
-  ncu --clock-control none --set full --import-source yes -k "regex:$regex" --launch-skip "$skip" --launch-count 1 \
+  ncu --clock-control none --set full --import-source yes --kernel-name-base demangled -k "regex:$regex" \
+    --launch-skip "$skip" --launch-count 1 \
     -f -o "$OUT/$name" "$@" >"$OUT/$name.ncu.log" 2>&1 || { tail -20 "$OUT/$name.ncu.log"; status=1; return; }
+  # ncu exits 0 when no launch matched the filter.
+  [ -f "$OUT/$name.ncu-rep" ] || { grep -E "==(WARNING|ERROR)==" "$OUT/$name.ncu.log" | head -5; status=1; return; }
   ncu -i "$OUT/$name.ncu-rep" --page details --csv 2>/dev/null |
     grep -E '"(Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Registers Per Thread|Issue Slots Busy)"|[Tt]ensor' | cut -d, -f5- | head -20
   ncu -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass >"$OUT/$name.sass.csv" 2>&1 ||
