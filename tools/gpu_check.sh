@@ -96,8 +96,9 @@ step_ncu() {
     -f -o "$OUT/$name" "$@" >"$OUT/$name.ncu.log" 2>&1 || { tail -20 "$OUT/$name.ncu.log"; status=1; return; }
   # ncu exits 0 when no launch matched the filter.
   [ -f "$OUT/$name.ncu-rep" ] || { grep -E "==(WARNING|ERROR)==" "$OUT/$name.ncu.log" | head -5; status=1; return; }
-  ncu -i "$OUT/$name.ncu-rep" --page details --csv 2>/dev/null |
-    grep -E '"(Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Registers Per Thread|Issue Slots Busy)"|[Tt]ensor' | cut -d, -f5- | head -20
+  ncu -i "$OUT/$name.ncu-rep" --page details --csv >"$OUT/$name.details.csv" 2>/dev/null
+  ncu -i "$OUT/$name.ncu-rep" --page raw --csv >"$OUT/$name.raw.csv" 2>/dev/null  # every metric: pipes, shared memory
+  grep -E '"(Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Registers Per Thread|Issue Slots Busy)"|[Tt]ensor' "$OUT/$name.details.csv" | cut -d, -f5- | head -20
   ncu -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass >"$OUT/$name.sass.csv" 2>&1 ||
     ncu -i "$OUT/$name.ncu-rep" --page source --csv >"$OUT/$name.sass.csv" 2>&1
   wc -c "$OUT/$name.sass.csv"
