@@ -18,6 +18,9 @@
 #   tools/gpu_check.sh ab ROUNDS TREE... -- ARGS   `megamoe bench ARGS` from each tree's build, the trees
 #                                                 taking turns ROUNDS times (same-run A/B); prints graph µs
 #                                                 per row and tree (min-max); JSON in $OUT/ab (last step)
+#   tools/gpu_check.sh gemm-ab ROUNDS TREE... -- ARGS  `megamoe_gemm_bench ARGS` the same way; prints each
+#                                                 row's TFLOP/s against same-shape plain FP8 per tree, and
+#                                                 each tree's median per recipe and stage (last step)
 #   tools/gpu_check.sh clocks CMD...             CMD with the SM clock and board power logged
 #   tools/gpu_check.sh ncu NAME REGEX SKIP CMD...  one launch of a kernel, profiled (last step: takes the rest)
 # Binaries are built on this machine and carried with the call: copy the GPU test binaries, the
@@ -71,6 +74,40 @@ step_test_each() {
       fi
     fi
   done
+}
+
+# The trees take turns ROUNDS times running the GEMM benchmark (each tree's build/bench/gemm binary);
+# JSON in $OUT/ab/TREE-rROUND.json, for tools/ab_results.py.
+step_gemm_ab() {
+  local rounds=$1 trees=() round tree
+  shift
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do trees+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  mkdir -p "$OUT/ab"
+  for round in $(seq 1 "$rounds"); do
+    for tree in "${trees[@]}"; do
+      local name; name=$(basename "$tree")-r$round
+      timeout 300 "$tree/build/bench/gemm/megamoe_gemm_bench" "$@" --out "$OUT/ab/$name.json" >"$OUT/ab/$name.log" 2>&1 ||
+        { echo "gemm-ab: $name failed"; tail -5 "$OUT/ab/$name.log"; status=1; }
+    done
+  done
+  python3 - "$OUT/ab" <<'SUMMARY'
+import collections, glob, json, os, statistics, sys
+ratios = collections.defaultdict(lambda: collections.defaultdict(list))
+for path in sorted(glob.glob(os.path.join(sys.argv[1], '*.json'))):
+    tree = os.path.basename(path)[:-5].rsplit('-r', 1)[0]
+    for row in json.load(open(path)).get('rows', []):
+        key = (row['recipe'], row['stage'], row['experts'], row['tokens_per_expert'], row['routing'])
+        ratios[key][tree].append(row['tflops_vs_dense_same_shape'])
+for key in sorted(ratios, key=str):
+    print(*key, ' | '.join(f'{tree} ' + ' '.join(f'{v:.3f}' for v in vs) for tree, vs in ratios[key].items()))
+medians = collections.defaultdict(list)
+for key, trees in ratios.items():
+    for tree, vs in trees.items():
+        medians[(tree, key[0], key[1])] += vs
+for (tree, recipe, stage), vs in sorted(medians.items()):
+    print(tree, recipe, stage, 'median', round(statistics.median(vs), 3), 'min', round(min(vs), 3))
+SUMMARY
 }
 
 # Runs a command while nvidia-smi logs the SM clock, power and throttle reasons every 100 ms
@@ -400,6 +437,7 @@ while [ $# -gt 0 ]; do
     stress) step_stress "$1"; shift ;;
     trees) step_trees "$@"; shift $# ;;
     ab) step_ab "$@"; shift $# ;;
+    gemm-ab) step_gemm_ab "$@"; shift $# ;;
     clocks) step_clocks "$@"; shift $# ;;
     ncu) step_ncu "$@"; shift $# ;;
     *) echo "unknown step $step"; exit 2 ;;
