@@ -76,21 +76,26 @@ step_test_each() {
   done
 }
 
-# The trees take turns ROUNDS times running the GEMM benchmark (each tree's build/bench/gemm binary);
-# JSON in $OUT/ab/TREE-rROUND.json, for tools/ab_results.py.
-step_gemm_ab() {
-  local rounds=$1 trees=() round tree
-  shift
+# Each TREE's BINARY (a path inside the tree) with ARGS and --out $OUT/ab/TREE-rROUND.json, the trees
+# taking turns ROUNDS times: ab_rounds STEP ROUNDS BINARY TREE... -- ARGS (for tools/ab_results.py).
+ab_rounds() {
+  local step=$1 rounds=$2 binary=$3 trees=() round tree
+  shift 3
   while [ $# -gt 0 ] && [ "$1" != -- ]; do trees+=("$1"); shift; done
   [ $# -gt 0 ] && shift
   mkdir -p "$OUT/ab"
   for round in $(seq 1 "$rounds"); do
     for tree in "${trees[@]}"; do
       local name; name=$(basename "$tree")-r$round
-      timeout 300 "$tree/build/bench/gemm/megamoe_gemm_bench" "$@" --out "$OUT/ab/$name.json" >"$OUT/ab/$name.log" 2>&1 ||
-        { echo "gemm-ab: $name failed"; tail -5 "$OUT/ab/$name.log"; status=1; }
+      timeout 300 "$tree/$binary" "$@" --out "$OUT/ab/$name.json" >"$OUT/ab/$name.log" 2>&1 ||
+        { echo "$step: $name failed"; tail -5 "$OUT/ab/$name.log"; status=1; }
     done
   done
+}
+
+# The GEMM benchmark's same-run A/B: each tree's build/bench/gemm binary.
+step_gemm_ab() {
+  ab_rounds gemm-ab "$1" build/bench/gemm/megamoe_gemm_bench "${@:2}"
   python3 - "$OUT/ab" <<'SUMMARY'
 import collections, glob, json, os, statistics, sys
 ratios = collections.defaultdict(lambda: collections.defaultdict(list))
@@ -397,18 +402,11 @@ step_trees() {
 # Same-run A/B of the layer: ROUNDS x every tree's `megamoe bench ARGS`, the trees taking turns so
 # that the board's clock and power state fall on all of them alike.
 step_ab() {
-  local rounds=$1 trees=() round tree
+  local rounds=$1 trees=()
   shift
   while [ $# -gt 0 ] && [ "$1" != -- ]; do trees+=("$1"); shift; done
   [ $# -gt 0 ] && shift
-  mkdir -p "$OUT/ab"
-  for round in $(seq 1 "$rounds"); do
-    for tree in "${trees[@]}"; do
-      local name; name=$(basename "$tree")-r$round
-      timeout 300 "$tree/build/megamoe" bench "$@" --out "$OUT/ab/$name.json" >"$OUT/ab/$name.log" 2>&1 ||
-        { echo "ab: $name failed"; tail -5 "$OUT/ab/$name.log"; status=1; }
-    done
-  done
+  ab_rounds ab "$rounds" build/megamoe "${trees[@]}" -- bench "$@"
   python3 - "$OUT/ab" <<'SUMMARY'
 import collections, glob, json, os, sys
 times = collections.defaultdict(lambda: collections.defaultdict(list))
