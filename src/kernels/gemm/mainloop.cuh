@@ -96,12 +96,30 @@ __device__ uint32_t next_unit(const SharedStorage<Config>& smem, const RingPosit
   return *smem.unit_slot(ring.stage);
 }
 
-// The scales of K block kb for a tokens_on_m tile's four 64-row weight blocks; blocks past the
-// group's end (a partial last tile) read none and contribute zero.
-__device__ __forceinline__ float4 tile_weight_scales(const MainloopArgs& args, const Tile& tile, uint32_t kb,
-                                                     uint32_t block_m) {
-  const uint32_t first_row_block = (tile.group * args.n_out + tile.m_tile * block_m) / 64;
-  const uint32_t valid_blocks = min(4u, (tile.group + 1) * args.n_out / 64 - first_row_block);
+// The first row of a tile's weights in the weight tensor (every group's rows, one after the other).
+template <class Config>
+__device__ __forceinline__ uint32_t tile_first_weight_row(const MainloopArgs& args, const Tile& tile) {
+  return tile.group * args.n_out + tile.m_tile * Config::kBlockM;
+}
+
+// The end of a tile's group in 64-row weight blocks (a partial last tile's blocks reach past it).
+__device__ __forceinline__ uint32_t group_row_blocks_end(const MainloopArgs& args, const Tile& tile) {
+  return (tile.group + 1) * args.n_out / 64;
+}
+
+// The weight scale of 64-row block `row_block` for K block kb; rows past the group's end (a partial
+// last tile) read none and contribute zero.
+__device__ __forceinline__ float weight_scale(const MainloopArgs& args, uint32_t row_block,
+                                              uint32_t blocks_end, uint32_t kb) {
+  return row_block < blocks_end ? __ldg(args.weight_scales + row_block * args.k_blocks + kb) : 0.0f;
+}
+
+// The scales of K block kb for a tokens_on_m tile's four 64-row weight blocks; as in weight_scale,
+// blocks past the group's end read none and contribute zero (counted once here, not per block).
+template <class Config>
+__device__ __forceinline__ float4 tile_weight_scales(const MainloopArgs& args, const Tile& tile, uint32_t kb) {
+  const uint32_t first_row_block = tile_first_weight_row<Config>(args, tile) / 64;
+  const uint32_t valid_blocks = min(4u, group_row_blocks_end(args, tile) - first_row_block);
   const float* scales = args.weight_scales + first_row_block * args.k_blocks + kb;
   float value[4];
 #pragma unroll
@@ -121,7 +139,7 @@ __device__ __forceinline__ void issue_unit(const SharedStorage<Config>& smem, Ri
                                            const OnClaim& on_claim = {}) {
   const Tile& tile = unit.tile;
   const MainloopArgs& args = job.args;
-  const int32_t weight_row = static_cast<int32_t>(tile.group * args.n_out + tile.m_tile * Config::kBlockM);
+  const int32_t weight_row = static_cast<int32_t>(tile_first_weight_row<Config>(args, tile));
   // Decode tiles read each weight byte once per call: loaded evict-first, the weights do not push out
   // of L2 what is read again (the next call's code, tables and counters; the L1 output L2 reads).
   constexpr bool kEvictWeightsFirst = Config::kLayout == TileLayout::weights_on_m;
@@ -136,7 +154,7 @@ __device__ __forceinline__ void issue_unit(const SharedStorage<Config>& smem, Ri
   for (uint32_t kb = unit.k_blocks.begin; kb < unit.k_blocks.end; ++kb) {
     // Loaded before the wait for a free stage, which hides their latency.
     [[maybe_unused]] float4 block_scales;
-    if constexpr (Config::kStageWeightScales) block_scales = tile_weight_scales(args, tile, kb, Config::kBlockM);
+    if constexpr (Config::kStageWeightScales) block_scales = tile_weight_scales<Config>(args, tile, kb);
     wait_barrier<Config, true>(smem.empty(ring.stage), ring.phase ^ 1, args.watch, ring.stage);
     // Stored before the arrival below, which releases them to the math warps with the stage's bytes.
     if constexpr (Config::kStageWeightScales) *smem.weight_scales(ring.stage) = block_scales;
@@ -324,13 +342,6 @@ __device__ __forceinline__ void release_stage(const SharedStorage<Config>& smem,
   ring.advance();
 }
 
-// The weight scale of 64-row block `row_block` for K block kb; rows past the group's end (a partial
-// last tile) read none and contribute zero.
-__device__ __forceinline__ float weight_scale(const MainloopArgs& args, uint32_t row_block,
-                                              uint32_t group_row_blocks_end, uint32_t kb) {
-  return row_block < group_row_blocks_end ? __ldg(args.weight_scales + row_block * args.k_blocks + kb) : 0.0f;
-}
-
 // Issues the wgmmas of one K block (kBlockK / kMmaK of them, 32 bytes of K each) of A · B into d and
 // commits them as one group; with `accumulate` false the first starts d from zero.
 template <class Config, class Mma, uint32_t kRegs>
@@ -411,8 +422,8 @@ __device__ void consume_weights_on_m_packed(const SharedStorage<Config>& smem, R
                                             uint32_t warpgroup, uint32_t lane, float (&tile_acc)[2][Config::kAccRegs]) {
   using Mma = typename Config::Policy::template Mma<kWidth>;
   constexpr uint32_t kRegs = kWidth / 2;
-  const uint32_t first_row_block = (tile.group * args.n_out + tile.m_tile * Config::kBlockM) / 64 + 2 * warpgroup;
-  const uint32_t group_row_blocks_end = (tile.group + 1) * args.n_out / 64;
+  const uint32_t first_row_block = tile_first_weight_row<Config>(args, tile) / 64 + 2 * warpgroup;
+  const uint32_t blocks_end = group_row_blocks_end(args, tile);
   const uint32_t first_row = 128 * warpgroup + 16 * (threadIdx.x / 32 % 4) + lane / 4;
   const PipelineWatch& watch = args.watch;
   uint32_t a[2][2][Config::kBlockK / 32][4];  // [buffer][m64 block][K step][register]
@@ -428,7 +439,7 @@ __device__ void consume_weights_on_m_packed(const SharedStorage<Config>& smem, R
   if (lane < 8) {
 #pragma unroll
     for (uint32_t j = 0; j < 2; ++j) {
-      if (first_row_block + j >= group_row_blocks_end) continue;
+      if (first_row_block + j >= blocks_end) continue;
       for (uint32_t kb = k_blocks.begin + 8 * lane; kb < k_blocks.end; kb += 64)
         ptx::prefetch_l2(args.weight_scales + (first_row_block + j) * args.k_blocks + kb);
     }
@@ -437,7 +448,7 @@ __device__ void consume_weights_on_m_packed(const SharedStorage<Config>& smem, R
   const auto load_scales = [&](float (&into)[2], uint32_t kb) {
     if (kb >= k_blocks.end) return;
 #pragma unroll
-    for (uint32_t j = 0; j < 2; ++j) into[j] = weight_scale(args, first_row_block + j, group_row_blocks_end, kb);
+    for (uint32_t j = 0; j < 2; ++j) into[j] = weight_scale(args, first_row_block + j, blocks_end, kb);
   };
   load_scales(scales[0], k_blocks.begin);
   load_scales(scales[1], k_blocks.begin + 1);
@@ -481,8 +492,8 @@ __device__ void consume_weights_on_m_width(const SharedStorage<Config>& smem, Ri
   const auto narrow = [&](uint32_t j) -> float(&)[kRegs] { return reinterpret_cast<float(&)[kRegs]>(tile_acc[j]); };
   constexpr uint32_t kM64Bytes = 64 * Config::kRowBytes;
 
-  const uint32_t first_row_block = (tile.group * args.n_out + tile.m_tile * Config::kBlockM) / 64 + 2 * warpgroup;
-  const uint32_t group_row_blocks_end = (tile.group + 1) * args.n_out / 64;
+  const uint32_t first_row_block = tile_first_weight_row<Config>(args, tile) / 64 + 2 * warpgroup;
+  const uint32_t blocks_end = group_row_blocks_end(args, tile);
 
   const PipelineWatch& watch = args.watch;
   // Scaled recipes: the two weight-block scales of K block kb + 1 are loaded during kb, off the
@@ -490,7 +501,7 @@ __device__ void consume_weights_on_m_width(const SharedStorage<Config>& smem, Ri
   float next_scales[2] = {};
   const auto load_scales = [&](uint32_t kb) {
 #pragma unroll
-    for (uint32_t j = 0; j < 2; ++j) next_scales[j] = weight_scale(args, first_row_block + j, group_row_blocks_end, kb);
+    for (uint32_t j = 0; j < 2; ++j) next_scales[j] = weight_scale(args, first_row_block + j, blocks_end, kb);
   };
   if constexpr (Policy::kScaled) load_scales(k_blocks.begin);
   for_each_k_block<!Config::kPacked>(ring, k_blocks, [&](uint32_t stage, uint32_t phase, uint32_t kb) {
