@@ -1,7 +1,8 @@
 // Grouped GEMM benchmark at DeepSeek-V3 expert shapes (L1: N 4096 x K 7168 with the SwiGLU epilogue;
 // L2: N 7168 x K 2048 with the store epilogue), against ceilings measured in the same run: dense
 // cuBLASLt FP8/BF16 TFLOP/s and the HBM copy rate (for weight bytes read per second). fp8_fp4 is
-// compared with dense FP8 (its wgmmas are FP8 ones) and counts its packed weight bytes. Decode rows
+// compared with dense FP8 (its wgmmas are FP8 ones) and counts its packed weight bytes; its prefill
+// rows time the expansion of the weights into E4M3 scratch and fp8's kernel (gemm.h). Decode rows
 // are timed from a flushed L2 with the host's launch work hidden (us), and also from a warm L2 with
 // it included (us_warm), and without the split-K workspace (us_unsplit, split_speedup). Prefill rows
 // (tokens_on_m tiles) also time a dense cuBLASLt product of their own shape (all rows x N x K),

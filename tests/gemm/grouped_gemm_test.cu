@@ -46,13 +46,14 @@ struct Case {
   uint32_t expected_rows;  // drives the token tile choice
   int grid;                // 0: all multiprocessors
   uint32_t min_splits = 1;  // split K: the count the case's tiles must get (checked on the host)
+  bool expanded = false;    // fp8_fp4 tokens_on_m: through GemmOperands::expanded_weights
 };
 
 std::string describe(const Case& c) {
   std::string text = std::string(to_string(c.recipe)) + " groups=" + std::to_string(c.rows_per_group.size()) +
                      " hidden=" + std::to_string(c.hidden) + " intermediate=" + std::to_string(c.intermediate) +
                      " expected_rows=" + std::to_string(c.expected_rows) + " grid=" + std::to_string(c.grid) +
-                     " rows=[";
+                     (c.expanded ? " expanded" : "") + " rows=[";
   for (size_t g = 0; g < std::min<size_t>(c.rows_per_group.size(), 12); ++g)
     text += (g ? "," : "") + std::to_string(c.rows_per_group[g]);
   return text + (c.rows_per_group.size() > 12 ? ",...]" : "]");
@@ -220,7 +221,8 @@ uint32_t expected_splits(const Case& c, uint32_t n_out, uint32_t k) {
 
 gemm::GemmOperands case_operands(const Case& c, uint32_t num_groups, uint32_t n_out, uint32_t k, uint32_t rows,
                                  const CaseWeights& weights, const void* acts, const float* act_scales,
-                                 const uint32_t* prefix, ControlBlock* control, DeviceBuffer<uint8_t>& workspace) {
+                                 const uint32_t* prefix, ControlBlock* control, DeviceBuffer<uint8_t>& workspace,
+                                 DeviceBuffer<uint8_t>& expanded) {
   EXPECT_GE(expected_splits(c, n_out, k), c.min_splits) << "the case no longer splits K";
   gemm::GemmOperands operands;
   operands.recipe = c.recipe;
@@ -238,7 +240,38 @@ gemm::GemmOperands case_operands(const Case& c, uint32_t num_groups, uint32_t n_
   operands.timeout_ns = kTimeoutNs;
   operands.control = control;
   operands.split_workspace = {workspace.get(), workspace.size()};
+  if (c.expanded) {
+    expanded = DeviceBuffer<uint8_t>(gemm::expanded_weight_bytes(num_groups, n_out, k));
+    expanded.fill_bytes(0xFF);  // an empty group's weights must stay so (expect_expansion)
+    operands.expanded_weights = expanded.get();
+  }
   return operands;
+}
+
+// The expanded scratch after an expanded launch: every weight of a group with rows, times its block
+// scale, is the MXFP4 value (exact for shifts up to 8, within half an E4M3 subnormal step of the
+// block scale above), and an empty group's weights were not written.
+void expect_expansion(const Case& c, const CaseWeights& weights, const DeviceBuffer<uint8_t>& expanded, uint32_t k) {
+  if (!c.expanded) return;
+  const std::vector<uint8_t> bytes = expanded.download();
+  const std::vector<float> block_scales = weights.device_scales.download();
+  const uint32_t n_out = weights.n_out;
+  size_t wrong = 0, written_empty = 0;
+  for (uint32_t g = 0; g < c.rows_per_group.size(); ++g) {
+    for (uint32_t row = 0; row < n_out; ++row) {
+      for (uint32_t col = 0; col < k; ++col) {
+        const size_t i = (size_t{g} * n_out + row) * k + col;
+        if (c.rows_per_group[g] == 0) {
+          written_empty += bytes[i] != 0xFF;
+          continue;
+        }
+        const double scale = block_scales[(size_t{g} * (n_out / 64) + row / 64) * weights.k_blocks + col / 128];
+        wrong += std::abs(double{e4m3_to_float(bytes[i])} * scale - weights.values[i]) > scale / 1024;
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0u) << "expanded weights differ from the MXFP4 values";
+  EXPECT_EQ(written_empty, 0u) << "bytes of empty groups' expanded weights were written";
 }
 
 // ---- L1: SwiGLU epilogue -------------------------------------------------------------------------
@@ -271,9 +304,10 @@ void run_swiglu_case(const Case& c) {
   DeviceBuffer<ControlBlock> d_control(1);
   d_control.fill_bytes(0);
   DeviceBuffer<uint8_t> workspace = split_workspace();
+  DeviceBuffer<uint8_t> expanded;
   const gemm::GemmOperands operands =
       case_operands(c, num_groups, n_out, k, rows, weights, d_acts.get(), scaled ? d_act_scales.get() : nullptr,
-                    d_prefix.get(), d_control.get(), workspace);
+                    d_prefix.get(), d_control.get(), workspace, expanded);
   gemm::SwigluOutput output{d_out.get(), scaled ? d_out_scales.get() : nullptr, d_row_weights.get(), rows};
   for (int launch = 0; launch < 2; ++launch) {
     d_out.fill_bytes(0x7F);         // E4M3 NaN, and 0x7F7F is a BF16 NaN
@@ -283,6 +317,7 @@ void run_swiglu_case(const Case& c) {
   MEGAMOE_CUDA_OK(cudaDeviceSynchronize());
   ASSERT_EQ(d_control.download()[0].error.code, kDeviceOk) << "the GEMM pipeline recorded a stuck wait";
   expect_counters_reset(workspace);
+  expect_expansion(c, weights, expanded, k);
 
   const std::vector<uint8_t> out = d_out.download();
   const std::vector<float> out_scales = d_out_scales.download();
@@ -437,9 +472,10 @@ void run_store_case(const Case& c) {
   DeviceBuffer<ControlBlock> d_control(1);
   d_control.fill_bytes(0);
   DeviceBuffer<uint8_t> workspace = split_workspace();
+  DeviceBuffer<uint8_t> expanded;
   const gemm::GemmOperands operands =
       case_operands(c, num_groups, n_out, k, rows, weights, d_acts.get(), scaled ? d_act_scales.get() : nullptr,
-                    d_prefix.get(), d_control.get(), workspace);
+                    d_prefix.get(), d_control.get(), workspace, expanded);
   const gemm::RoutedDestination destination{view, 0, d_sources.get(), kTopK, n_out};
   for (int launch = 0; launch < 2; ++launch) {
     for (auto& buffer : combine) buffer.fill_bytes(0xFF);
@@ -448,6 +484,7 @@ void run_store_case(const Case& c) {
   MEGAMOE_CUDA_OK(cudaDeviceSynchronize());
   ASSERT_EQ(d_control.download()[0].error.code, kDeviceOk) << "the GEMM pipeline recorded a stuck wait";
   expect_counters_reset(workspace);
+  expect_expansion(c, weights, expanded, k);
 
   std::vector<std::vector<uint16_t>> out;
   for (const auto& buffer : combine) out.push_back(buffer.download());
@@ -565,6 +602,26 @@ MEGAMOE_GEMM_CASE(SplitKDecodeTilesFewerThanTheGrid,
                                     {GetParam(), {1, 40}, 1024, 1024, 16, 0, 2},
                                     {GetParam(), {3}, 2048, 1024, 8, 16, 2},
                                     {GetParam(), {20, 3, 0, 9}, 2048, 1024, 8, 30, 2}})
+
+// fp8_fp4 prefill through expanded weights (GemmOperands::expanded_weights): the weights of the
+// groups with rows expanded once, then fp8's kernel; empty groups, partial weight tiles, a grid
+// smaller than the tiles and the L2 shape's partial tile of 128 rows.
+std::vector<Case> expanded_cases(std::mt19937_64& rng) {
+  return {{Recipe::fp8_fp4, {40, 64, 1, 0, 65, 20, 128, 129}, 256, 128, 56, 0, 1, true},
+          {Recipe::fp8_fp4, {129, 1, 0, 640, 77, 128}, 384, 384, 300, 5, 1, true},
+          {Recipe::fp8_fp4, {150, 0, 257}, 640, 256, 200, 9, 1, true},
+          {Recipe::fp8_fp4, random_rows(32, 300, 0.2, rng), 256, 256, 150, 0, 1, true}};
+}
+TEST(GroupedGemmFp4Expanded, TokensOnMSwiglu) {
+  MEGAMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(testing::announced_test_seed("group sizes"));
+  for (const Case& c : expanded_cases(rng)) run_swiglu_case(c);
+}
+TEST(GroupedGemmFp4Expanded, TokensOnMStore) {
+  MEGAMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(testing::announced_test_seed("group sizes"));
+  for (const Case& c : expanded_cases(rng)) run_store_case(c);
+}
 
 INSTANTIATE_TEST_SUITE_P(Recipes, GroupedGemm, ::testing::Values(Recipe::fp8, Recipe::fp8_fp4, Recipe::bf16),
                          [](const auto& info) { return std::string(to_string(info.param)); });

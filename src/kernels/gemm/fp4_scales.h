@@ -20,4 +20,11 @@ namespace megamoe::gemm {
 void prepare_fp4_weights(uint8_t* codes, const uint8_t* mx_scales, uint32_t rows, uint32_t k, float* block_scales,
                          uint8_t* shifts, cudaStream_t stream);
 
+// The prepared codes of `num_groups` groups of n_out rows as E4M3 [groups][n_out][k] in the plain
+// column order (fp8's weight format), each group of 32 expanded with its shift, so that with
+// block_scales as the weight scales fp8's kernels compute the fp8_fp4 product. Groups whose rows in
+// group_prefix (device, num_groups + 1 offsets; nullptr: every group has rows) are empty are skipped.
+void expand_fp4_weights(const uint8_t* codes, const uint8_t* shifts, uint32_t num_groups, uint32_t n_out, uint32_t k,
+                        const uint32_t* group_prefix, uint8_t* expanded, cudaStream_t stream);
+
 }  // namespace megamoe::gemm

@@ -1,5 +1,8 @@
 #include "kernels/gemm/gemm.h"
 
+#include <vector>
+
+#include "kernels/gemm/fp4_scales.h"
 #include "kernels/gemm/launch.cuh"
 #include "megamoe/error.h"
 
@@ -101,8 +104,37 @@ void validate_packed_weights(const GemmOperands& operands) {
           "weight rows must stay below 2^30 for the fp8_fp4 recipe");
 }
 
+namespace {
+
+// fp8_fp4 prefill with scratch (GemmOperands::expanded_weights): each job's weights expanded once,
+// then the jobs as fp8's, whose block scales are the fp8_fp4 block scales. Empty otherwise.
+template <class Job>
+std::vector<Job> expanded_fp8_jobs(std::span<const Job> jobs, cudaStream_t stream) {
+  const GemmOperands& first = jobs[0].operands;
+  if (first.recipe != Recipe::fp8_fp4 || first.tile.layout != TileLayout::tokens_on_m ||
+      first.expanded_weights == nullptr)
+    return {};
+  std::vector<Job> fp8_jobs(jobs.begin(), jobs.end());
+  for (Job& job : fp8_jobs) {
+    GemmOperands& o = job.operands;
+    require(o.expanded_weights != nullptr, "expanded_weights", "must be given for every job of the launch or none");
+    validate_packed_weights(o);
+    expand_fp4_weights(static_cast<const uint8_t*>(o.weights), o.weight_shifts, o.num_groups, o.n_out, o.k,
+                       o.groups.prefix, static_cast<uint8_t*>(o.expanded_weights), stream);
+    o.recipe = Recipe::fp8;
+    o.weights = o.expanded_weights;
+    o.weight_shifts = nullptr;
+    o.expanded_weights = nullptr;
+  }
+  return fp8_jobs;
+}
+
+}  // namespace
+
 void grouped_gemm_swiglu(std::span<const SwigluJob> jobs, int grid, cudaStream_t stream) {
   require(!jobs.empty(), "jobs", "must not be empty");
+  if (const auto fp8_jobs = expanded_fp8_jobs(jobs, stream); !fp8_jobs.empty())
+    return detail::fp8_swiglu(fp8_jobs, grid, stream);
   switch (jobs[0].operands.recipe) {
     case Recipe::fp8: return detail::fp8_swiglu(jobs, grid, stream);
     case Recipe::fp8_fp4: return detail::fp8_fp4_swiglu(jobs, grid, stream);
@@ -112,6 +144,8 @@ void grouped_gemm_swiglu(std::span<const SwigluJob> jobs, int grid, cudaStream_t
 
 void grouped_gemm_store(std::span<const StoreJob> jobs, int grid, cudaStream_t stream) {
   require(!jobs.empty(), "jobs", "must not be empty");
+  if (const auto fp8_jobs = expanded_fp8_jobs(jobs, stream); !fp8_jobs.empty())
+    return detail::fp8_store(fp8_jobs, grid, stream);
   switch (jobs[0].operands.recipe) {
     case Recipe::fp8: return detail::fp8_store(jobs, grid, stream);
     case Recipe::fp8_fp4: return detail::fp8_fp4_store(jobs, grid, stream);

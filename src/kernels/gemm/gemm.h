@@ -70,7 +70,16 @@ struct GemmOperands {
   SplitWorkspace split_workspace;  // the first job's serves the launch
   // The first job's: launch while the stream's previous kernel runs (kernels/overlapped_launch.cuh).
   bool overlapped_launch = false;
+  // fp8_fp4 tokens_on_m launches (prefill): scratch of expanded_weight_bytes(). When given, the
+  // launch expands the weights of the groups with rows into it once (E4M3, fp4_scales.h) and runs
+  // fp8's kernel on them; without it, converter warps expand each weight tile once per token tile.
+  void* expanded_weights = nullptr;
 };
+
+// Bytes of the scratch GemmOperands::expanded_weights needs: the weights as E4M3.
+__host__ __device__ constexpr uint64_t expanded_weight_bytes(uint32_t num_groups, uint32_t n_out, uint32_t k) {
+  return uint64_t{num_groups} * n_out * k;
+}
 
 // L1 output: SiLU(gate) * up * route weight, re-quantized per 1x128 (fp8) or BF16, into `acts`
 // [rows][n_out / 2] and `scales` [n_out / 2 / 128][scale_rows].
