@@ -167,6 +167,9 @@ int main(int argc, char** argv) {
         uint8_t* weights = device_alloc<uint8_t>(weight_storage);
         uint8_t* weight_shifts = packed ? device_alloc<uint8_t>(weight_elements / 32) : nullptr;
         if (packed) cuda_ok(cudaMemset(weight_shifts, 1, weight_elements / 32), "cudaMemset");
+        // fp8_fp4 prefill launches expand the weights once into this scratch (gemm.h).
+        uint8_t* expanded_weights =
+            packed ? device_alloc<uint8_t>(gemm::expanded_weight_bytes(max_experts, stage.n_out, stage.k)) : nullptr;
         float* weight_scales = device_alloc<float>(uint64_t{max_experts} * (stage.n_out / 64) * (stage.k / 128));
         uint8_t* acts = device_alloc<uint8_t>(max_rows * stage.k * element_bytes);
         float* act_scales = device_alloc<float>(max_rows * (stage.k / 128));
@@ -214,6 +217,7 @@ int main(int argc, char** argv) {
               operands.weights = weights;
               operands.weight_scales = scaled ? weight_scales : nullptr;
               operands.weight_shifts = weight_shifts;
+              operands.expanded_weights = expanded_weights;
               operands.acts = acts;
               operands.act_scales = scaled ? act_scales : nullptr;
               operands.act_rows = static_cast<uint32_t>(max_rows);
@@ -345,6 +349,7 @@ int main(int argc, char** argv) {
                               static_cast<void*>(l1_out), static_cast<void*>(l1_out_scales),
                               static_cast<void*>(combine), static_cast<void*>(d_sources), static_cast<void*>(control),
                               static_cast<void*>(prefix), static_cast<void*>(weight_shifts),
+                              static_cast<void*>(expanded_weights),
                               static_cast<void*>(split_workspace)})
           if (pointer) cudaFree(pointer);
       }
