@@ -26,6 +26,11 @@
 //   gemm_split         kGemmSplitWorkspaceBytes: the grouped GEMM's split-K counters and partial sums (local)
 //   fused_counters     the fused schedule's readiness counters (local, zero between calls): rows pulled per
 //                      local expert, L1 completions per routed token tile and per shared token tile
+//   expanded_weights   fp8_fp4 only: the staged schedule's scratch for one linear's weights as E4M3
+//                      (local; kExpandFp4Rows): the routed experts' [experts_per_rank][2 * intermediate]
+//                      [hidden] when a wave can expect that many rows per expert (L1 is the larger
+//                      linear), then the shared experts' [2 * S * intermediate][hidden] when they can
+//                      expand (their wave_tokens rows, or in the routed experts' launch)
 #pragma once
 
 #include <cstdint>
@@ -48,6 +53,17 @@ inline constexpr uint64_t kPoolRowAlign = 256;
 inline constexpr uint32_t kGemmSplitCounters = 1024;
 inline constexpr uint32_t kGemmUnitCounter = kGemmSplitCounters - 1;
 inline constexpr uint64_t kGemmSplitWorkspaceBytes = kGemmSplitCounters * 4ull + 132ull * 16384;
+
+// fp8_fp4 prefill: from this many expected rows per expert, a staged launch expands its weights
+// once into E4M3 scratch and runs fp8's kernel (kernels/gemm/gemm.h) instead of converting each
+// weight tile once per token tile. The expansion costs one pass over the weights (reading half a
+// byte per weight, writing one), so it pays only when enough token tiles share each weight tile:
+// at 1024 rows per expert it measured 0.74-0.83 of fp8's speed against the converters' 0.67-0.73,
+// at 4096 rows 0.90-0.97 against 0.65-0.74 (docs/experiments.md, "Stop 52").
+inline constexpr uint64_t kExpandFp4Rows = 1024;
+MEGAMOE_HD constexpr bool expands_fp4_weights(Recipe recipe, uint64_t expected_rows_per_expert) {
+  return recipe == Recipe::fp8_fp4 && expected_rows_per_expert >= kExpandFp4Rows;
+}
 
 MEGAMOE_HD uint64_t align_up(uint64_t value, uint64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
@@ -152,7 +168,8 @@ struct BufferLayout {
 
   Region control, recv_count, expert_rows, x, x_scales, topk_idx, topk_weights, src_index, pool_source,
       pool_weight, l1_pool, l1_pool_scales, l2_pool, l2_pool_scales, shared_x_scales, shared_l2,
-      shared_l2_scales, combine, front_ring, gemm_split, fused_counters;
+      shared_l2_scales, combine, front_ring, gemm_split, fused_counters, expanded_weights;
+  uint64_t expanded_shared_offset = 0;  // the shared experts' part of expanded_weights, from its start
   uint64_t total_bytes = 0;
 
   // Worst case of rows one rank's pool must hold: every source rank sends every token of a wave to
@@ -215,6 +232,19 @@ struct BufferLayout {
     l.max_shared_token_tiles = static_cast<uint32_t>(ceil_div(tokens, kFusedMinTokenTile));
     place(l.fused_counters,
           sizeof(uint32_t) * (uint64_t{l.experts_per_rank} + l.max_routed_token_tiles + l.max_shared_token_tiles));
+    // A wave of `tokens` expects at most this many rows per routed expert (as a call counts them), and
+    // the shared experts' one group has `tokens` rows.
+    const uint64_t routed_rows = tokens * static_cast<uint64_t>(p.num_ranks) * static_cast<uint64_t>(p.top_k) /
+                                 static_cast<uint64_t>(p.num_experts > 0 ? p.num_experts : 1);
+    // The shared experts run in the routed tile shape or their own (layer's run_expert_gemms), so
+    // either may make them expand.
+    const bool routed_expands = expands_fp4_weights(p.recipe, routed_rows);
+    const bool shared_expands = p.num_shared_experts > 0 && (routed_expands || expands_fp4_weights(p.recipe, tokens));
+    l.expanded_shared_offset =
+        routed_expands ? uint64_t{l.experts_per_rank} * 2 * static_cast<uint64_t>(p.intermediate) * p.hidden : 0;
+    place(l.expanded_weights,
+          l.expanded_shared_offset +
+              (shared_expands ? uint64_t{2} * l.shared_intermediate * static_cast<uint64_t>(p.hidden) : 0));
     l.total_bytes = cursor;
     return l;
   }
@@ -244,6 +274,7 @@ struct BufferLayout {
     fn("front_ring", front_ring);
     fn("gemm_split", gemm_split);
     fn("fused_counters", fused_counters);
+    fn("expanded_weights", expanded_weights);
   }
 
   // ---- Typed accessors, given the buffer's base address on some rank ----

@@ -102,6 +102,15 @@ gemm::GemmOperands expert_operands(const Problem& p, const BufferLayout& l, char
   o.rank = static_cast<uint32_t>(p.rank);
   o.split_workspace = {local + l.gemm_split.offset, l.gemm_split.bytes};
   o.overlapped_launch = overlapped_launch;
+  if (tile.expand_weights) {
+    // The layout sizes this scratch with the same rule (expands_fp4_weights) that chose the tile.
+    const uint64_t part_offset = shared ? l.expanded_shared_offset : 0;
+    const uint64_t part_bytes = shared ? l.expanded_weights.bytes - l.expanded_shared_offset : l.expanded_shared_offset;
+    require(gemm::expanded_weight_bytes(o.num_groups, o.n_out, o.k) <= part_bytes, "expanded_weights",
+            "the buffer's scratch for expanded fp4 weights is smaller than this launch's weights (",
+            part_bytes, " bytes)");
+    o.expanded_weights = local + l.expanded_weights.offset + part_offset;
+  }
   return o;
 }
 

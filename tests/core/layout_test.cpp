@@ -39,6 +39,7 @@ const std::vector<std::pair<const char*, RegionField>>& regions_in_order() {
       {"front_ring", &BufferLayout::front_ring},
       {"gemm_split", &BufferLayout::gemm_split},
       {"fused_counters", &BufferLayout::fused_counters},
+      {"expanded_weights", &BufferLayout::expanded_weights},
   };
   return regions;
 }
@@ -82,7 +83,7 @@ void expect_well_formed(const BufferLayout& l, const char* label) {
     EXPECT_EQ(region.offset, align_up(previous_end, kRegionAlign)) << label << " " << name;
     previous_end = region.end();
   }
-  EXPECT_EQ(l.total_bytes, align_up(l.fused_counters.end(), kRegionAlign)) << label;
+  EXPECT_EQ(l.total_bytes, align_up(l.expanded_weights.end(), kRegionAlign)) << label;
 }
 
 TEST(BufferLayout, RegionsAreOrderedAlignedAndDisjoint) {
@@ -357,6 +358,41 @@ TEST(BufferLayout, Bf16HasNoScaleRegions) {
   // The fp8_fp4 recipe has fp8 activations, so the same activation regions.
   const BufferLayout fp4 = BufferLayout::make(small_problem(Recipe::fp8_fp4));
   EXPECT_EQ(fp4.total_bytes, fp8.total_bytes);
+}
+
+// The fp8_fp4 scratch for expanded weights (kExpandFp4Rows): the routed part only when a wave can
+// expect that many rows per local expert, the shared part when the shared experts' wave can reach it
+// too, nothing for the other recipes.
+TEST(BufferLayout, ExpandedFp4WeightsOnlyWhereAWaveCanReachTheThreshold) {
+  Problem p;
+  p.num_ranks = 8;
+  p.num_experts = 256;
+  p.top_k = 8;
+  p.num_shared_experts = 1;
+  p.hidden = 7168;
+  p.intermediate = 2048;
+  p.max_tokens_per_rank = 8192;
+  p.recipe = Recipe::fp8_fp4;
+  const uint64_t l1_expert = 2ull * 2048 * 7168;  // one expert's L1 weights as E4M3
+  // 8192 tokens x 8 ranks x top-8 over 256 experts: 2048 rows per expert.
+  const BufferLayout both = BufferLayout::make(p);
+  EXPECT_EQ(both.expanded_shared_offset, 32 * l1_expert);
+  EXPECT_EQ(both.expanded_weights.bytes, 33 * l1_expert);
+  expect_well_formed(both, "expanded");
+  // One rank: 256 rows per expert keep the converters; the shared expert's 8192 rows expand.
+  p.num_ranks = 1;
+  const BufferLayout shared_only = BufferLayout::make(p);
+  EXPECT_EQ(shared_only.expanded_shared_offset, 0u);
+  EXPECT_EQ(shared_only.expanded_weights.bytes, l1_expert);
+  // Below the threshold everywhere: no scratch.
+  p.max_tokens_per_rank = static_cast<int32_t>(kExpandFp4Rows) - 4;
+  EXPECT_EQ(BufferLayout::make(p).expanded_weights.bytes, 0u);
+  p.max_tokens_per_rank = 8192;
+  p.num_ranks = 8;
+  for (Recipe recipe : {Recipe::fp8, Recipe::bf16}) {
+    p.recipe = recipe;
+    EXPECT_EQ(BufferLayout::make(p).expanded_weights.bytes, 0u) << to_string(recipe);
+  }
 }
 
 TEST(BufferLayout, NoSharedExpertsMeansNoSharedRegions) {

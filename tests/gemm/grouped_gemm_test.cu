@@ -46,14 +46,18 @@ struct Case {
   uint32_t expected_rows;  // drives the token tile choice
   int grid;                // 0: all multiprocessors
   uint32_t min_splits = 1;  // split K: the count the case's tiles must get (checked on the host)
-  bool expanded = false;    // fp8_fp4 tokens_on_m: through GemmOperands::expanded_weights
 };
+
+// fp8_fp4 tiles from kExpandFp4Rows expected rows run on weights expanded into scratch.
+bool expands(const Case& c) {
+  return gemm::choose_tile(c.expected_rows, static_cast<uint32_t>(c.rows_per_group.size()), c.recipe).expand_weights;
+}
 
 std::string describe(const Case& c) {
   std::string text = std::string(to_string(c.recipe)) + " groups=" + std::to_string(c.rows_per_group.size()) +
                      " hidden=" + std::to_string(c.hidden) + " intermediate=" + std::to_string(c.intermediate) +
                      " expected_rows=" + std::to_string(c.expected_rows) + " grid=" + std::to_string(c.grid) +
-                     (c.expanded ? " expanded" : "") + " rows=[";
+                     (expands(c) ? " expanded" : "") + " rows=[";
   for (size_t g = 0; g < std::min<size_t>(c.rows_per_group.size(), 12); ++g)
     text += (g ? "," : "") + std::to_string(c.rows_per_group[g]);
   return text + (c.rows_per_group.size() > 12 ? ",...]" : "]");
@@ -240,7 +244,7 @@ gemm::GemmOperands case_operands(const Case& c, uint32_t num_groups, uint32_t n_
   operands.timeout_ns = kTimeoutNs;
   operands.control = control;
   operands.split_workspace = {workspace.get(), workspace.size()};
-  if (c.expanded) {
+  if (operands.tile.expand_weights) {
     expanded = DeviceBuffer<uint8_t>(gemm::expanded_weight_bytes(num_groups, n_out, k));
     expanded.fill_bytes(0xFF);  // an empty group's weights must stay so (expect_expansion)
     operands.expanded_weights = expanded.get();
@@ -252,7 +256,7 @@ gemm::GemmOperands case_operands(const Case& c, uint32_t num_groups, uint32_t n_
 // scale, is the MXFP4 value (exact for shifts up to 8, within half an E4M3 subnormal step of the
 // block scale above), and an empty group's weights were not written.
 void expect_expansion(const Case& c, const CaseWeights& weights, const DeviceBuffer<uint8_t>& expanded, uint32_t k) {
-  if (!c.expanded) return;
+  if (!expands(c)) return;
   const std::vector<uint8_t> bytes = expanded.download();
   const std::vector<float> block_scales = weights.device_scales.download();
   const uint32_t n_out = weights.n_out;
@@ -603,14 +607,19 @@ MEGAMOE_GEMM_CASE(SplitKDecodeTilesFewerThanTheGrid,
                                     {GetParam(), {3}, 2048, 1024, 8, 16, 2},
                                     {GetParam(), {20, 3, 0, 9}, 2048, 1024, 8, 30, 2}})
 
-// fp8_fp4 prefill through expanded weights (GemmOperands::expanded_weights): the weights of the
-// groups with rows expanded once, then fp8's kernel; empty groups, partial weight tiles, a grid
-// smaller than the tiles and the L2 shape's partial tile of 128 rows.
+// fp8_fp4 prefill from kExpandFp4Rows expected rows (the tile choice; the groups' rows may be
+// fewer): the weights of the groups with rows expanded once, then fp8's kernel. Empty groups,
+// partial weight tiles, a grid smaller than the tiles and the L2 shape's partial tile of 128 rows.
 std::vector<Case> expanded_cases(std::mt19937_64& rng) {
-  return {{Recipe::fp8_fp4, {40, 64, 1, 0, 65, 20, 128, 129}, 256, 128, 56, 0, 1, true},
-          {Recipe::fp8_fp4, {129, 1, 0, 640, 77, 128}, 384, 384, 300, 5, 1, true},
-          {Recipe::fp8_fp4, {150, 0, 257}, 640, 256, 200, 9, 1, true},
-          {Recipe::fp8_fp4, random_rows(32, 300, 0.2, rng), 256, 256, 150, 0, 1, true}};
+  const uint32_t rows = static_cast<uint32_t>(kExpandFp4Rows);
+  std::vector<Case> cases{{Recipe::fp8_fp4, {40, 64, 1, 0, 65, 20, 128, 129}, 256, 128, rows, 0},
+                          {Recipe::fp8_fp4, {129, 1, 0, 1100, 77, 128}, 384, 384, rows, 5},
+                          {Recipe::fp8_fp4, {150, 0, 257}, 640, 256, rows, 9},
+                          {Recipe::fp8_fp4, random_rows(32, 300, 0.2, rng), 256, 256, rows, 0}};
+  for (const Case& c : cases) EXPECT_TRUE(expands(c)) << describe(c);
+  // One expected row fewer keeps the converters.
+  EXPECT_FALSE(expands({Recipe::fp8_fp4, {1}, 256, 128, rows - 1, 0}));
+  return cases;
 }
 TEST(GroupedGemmFp4Expanded, TokensOnMSwiglu) {
   MEGAMOE_SKIP_WITHOUT_GPU();

@@ -48,6 +48,20 @@ TEST(TileChoice, ManyRowsPutTokensOnWgmmaM) {
     }
 }
 
+// fp8_fp4 tiles expand their weights once into E4M3 scratch from kExpandFp4Rows expected rows, and
+// no other recipe's or size's tiles do.
+TEST(TileChoice, Fp4PrefillExpandsWeightsFromItsThreshold) {
+  const uint32_t threshold = static_cast<uint32_t>(kExpandFp4Rows);
+  for (uint32_t rows : {1u, 16u, 40u, 512u, threshold - 1})
+    EXPECT_FALSE(choose_tile(rows, 32, Recipe::fp8_fp4).expand_weights) << rows;
+  for (uint32_t rows : {threshold, 4096u, 1u << 20}) {
+    EXPECT_TRUE(choose_tile(rows, 32, Recipe::fp8_fp4).expand_weights) << rows;
+    EXPECT_EQ(choose_tile(rows, 32, Recipe::fp8_fp4).layout, TileLayout::tokens_on_m) << rows;
+    EXPECT_FALSE(choose_tile(rows, 32, Recipe::fp8).expand_weights) << rows;
+    EXPECT_FALSE(choose_tile(rows, 32, Recipe::bf16).expand_weights) << rows;
+  }
+}
+
 // The prefill tile keeps four stages in flight for both recipes: the epilogue stages 128-byte row
 // passes instead of whole rows to make room for them.
 TEST(TileConfig, PrefillTilesKeepFourStages) {

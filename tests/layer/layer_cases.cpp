@@ -94,6 +94,18 @@ std::vector<LayerCase> cases_for_ranks(int32_t ranks) {
     nonfinite.nonfinite_tokens = true;
     cases.push_back(nonfinite);
   }
+  // fp8_fp4 prefill on weights expanded once (kExpandFp4Rows): 1100 tokens x top-4 over 4 experts per
+  // rank expect 1100 rows per expert, and the shared expert has 1100; the rank of 64 tokens keeps the
+  // converters (staged schedule; the fused one always converts).
+  LayerCase expanded;
+  expanded.name = "prefill_expanded_fp4_weights_fp8_fp4";
+  expanded.recipe = Recipe::fp8_fp4;
+  expanded.num_experts = 4 * ranks;
+  expanded.top_k = 4;
+  expanded.num_shared_experts = 1;
+  expanded.tokens_per_rank = tokens(ranks, {1100, 64});
+  cases.push_back(expanded);
+
   LayerCase repeat;
   repeat.name = "repeated_expert_within_a_token";
   repeat.num_experts = 8 * ranks;

@@ -77,7 +77,8 @@ void validate_operands(const GemmOperands& operands, uint32_t element_bytes, boo
 
 TileShape choose_tile(uint32_t expected_rows_per_group, uint32_t num_groups, Recipe recipe) {
   const bool packed = recipe == Recipe::fp8_fp4;
-  if (expected_rows_per_group >= tokens_on_m_rows(recipe)) return {TileLayout::tokens_on_m, 128};
+  if (expected_rows_per_group >= tokens_on_m_rows(recipe))
+    return {TileLayout::tokens_on_m, 128, expands_fp4_weights(recipe, expected_rows_per_group)};
   const bool wide = expected_rows_per_group > 16 ||
                     (expected_rows_per_group >= kWideDecodeRows && num_groups >= kWideDecodeGroups && !packed);
   return {TileLayout::weights_on_m, wide ? 64u : 16u};
@@ -106,22 +107,25 @@ void validate_packed_weights(const GemmOperands& operands) {
 
 namespace {
 
-// fp8_fp4 prefill with scratch (GemmOperands::expanded_weights): each job's weights expanded once,
-// then the jobs as fp8's, whose block scales are the fp8_fp4 block scales. Empty otherwise.
+// Tiles that expand their weights (fp8_fp4 prefill): each job's weights expanded once into its
+// scratch, then the jobs as fp8's, whose block scales are the fp8_fp4 block scales. Empty otherwise.
 template <class Job>
 std::vector<Job> expanded_fp8_jobs(std::span<const Job> jobs, cudaStream_t stream) {
   const GemmOperands& first = jobs[0].operands;
-  if (first.recipe != Recipe::fp8_fp4 || first.tile.layout != TileLayout::tokens_on_m ||
-      first.expanded_weights == nullptr)
-    return {};
+  if (!first.tile.expand_weights) return {};
   std::vector<Job> fp8_jobs(jobs.begin(), jobs.end());
   for (Job& job : fp8_jobs) {
     GemmOperands& o = job.operands;
-    require(o.expanded_weights != nullptr, "expanded_weights", "must be given for every job of the launch or none");
+    require(o.recipe == Recipe::fp8_fp4 && o.tile.layout == TileLayout::tokens_on_m, "tile",
+            "expand_weights is for fp8_fp4 tokens_on_m tiles");
+    require(o.expanded_weights != nullptr, "expanded_weights",
+            "must be scratch of expanded_weight_bytes() for a tile that expands its weights (choose_tile: from ",
+            kExpandFp4Rows, " expected rows)");
     validate_packed_weights(o);
     expand_fp4_weights(static_cast<const uint8_t*>(o.weights), o.weight_shifts, o.num_groups, o.n_out, o.k,
                        o.groups.prefix, static_cast<uint8_t*>(o.expanded_weights), stream);
     o.recipe = Recipe::fp8;
+    o.tile.expand_weights = false;
     o.weights = o.expanded_weights;
     o.weight_shifts = nullptr;
     o.expanded_weights = nullptr;

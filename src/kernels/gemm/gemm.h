@@ -47,6 +47,9 @@ __host__ __device__ constexpr uint32_t tokens_on_m_rows(Recipe recipe) { return 
 struct TileShape {
   TileLayout layout;
   uint32_t block_n;
+  // fp8_fp4 tokens_on_m launches from kExpandFp4Rows expected rows (layout.h): the weights are
+  // expanded once into GemmOperands::expanded_weights and fp8's kernel runs on them.
+  bool expand_weights = false;
 };
 TileShape choose_tile(uint32_t expected_rows_per_group, uint32_t num_groups, Recipe recipe);
 const char* to_string(TileLayout layout);
@@ -70,9 +73,9 @@ struct GemmOperands {
   SplitWorkspace split_workspace;  // the first job's serves the launch
   // The first job's: launch while the stream's previous kernel runs (kernels/overlapped_launch.cuh).
   bool overlapped_launch = false;
-  // fp8_fp4 tokens_on_m launches (prefill): scratch of expanded_weight_bytes(). When given, the
-  // launch expands the weights of the groups with rows into it once (E4M3, fp4_scales.h) and runs
-  // fp8's kernel on them; without it, converter warps expand each weight tile once per token tile.
+  // Tiles that expand_weights: scratch of expanded_weight_bytes(), into which the launch expands the
+  // weights of the groups with rows (E4M3, fp4_scales.h) before fp8's kernel runs on them. Other
+  // fp8_fp4 launches expand each weight tile in converter warps, once per token tile.
   void* expanded_weights = nullptr;
 };
 
