@@ -364,14 +364,8 @@ TEST(BufferLayout, Bf16HasNoScaleRegions) {
 // expect that many rows per local expert, the shared part when the shared experts' wave can reach it
 // too, nothing for the other recipes.
 TEST(BufferLayout, ExpandedFp4WeightsOnlyWhereAWaveCanReachTheThreshold) {
-  Problem p;
+  Problem p = deepseek_v3();
   p.num_ranks = 8;
-  p.num_experts = 256;
-  p.top_k = 8;
-  p.num_shared_experts = 1;
-  p.hidden = 7168;
-  p.intermediate = 2048;
-  p.max_tokens_per_rank = 8192;
   p.recipe = Recipe::fp8_fp4;
   const uint64_t l1_expert = 2ull * 2048 * 7168;  // one expert's L1 weights as E4M3
   // 8192 tokens x 8 ranks x top-8 over 256 experts: 2048 rows per expert.
