@@ -609,12 +609,16 @@ __device__ void consume_tokens_on_m_scaled(const SharedStorage<Config>& smem, Ri
 // tokens_on_m, unscaled recipes: one n256 wgmma per K slice (an n256 accumulator's registers 0..63
 // are columns 0..127, so it is acc[0] followed by acc[1]; one instruction reads the token rows once
 // instead of twice). wgmma accumulates across all of K, and K block kb's wgmmas stay in flight while
-// kb + 1's are issued; kb's stage is released once they complete.
+// kb + 1's are issued (except with store warps, below); kb's stage is released once they complete.
 template <class Config>
 __device__ void consume_tokens_on_m_unscaled(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
                                              KRange k_blocks, const MainloopArgs& args, uint32_t warpgroup,
                                              uint32_t lane, uint32_t stagger_kb, float (&acc)[2][Config::kAccRegs]) {
   using Mma = typename Config::Policy::template Mma<2 * 128>;
+  // With store warps the ring has three stages: holding each stage until the next K block's wgmmas
+  // are issued leaves the producer about one stage ahead, so there each K block's wgmmas are waited
+  // for and its stage released at once (the other warpgroup's wgmmas fill the wait).
+  constexpr bool kReleaseEachKBlock = Config::kStoreWarps;
   float(&tile_acc)[2 * Config::kAccRegs] = reinterpret_cast<float(&)[2 * Config::kAccRegs]>(acc);
   const PipelineWatch& watch = args.watch;
   uint32_t held_stage = 0;
@@ -623,15 +627,20 @@ __device__ void consume_tokens_on_m_unscaled(const SharedStorage<Config>& smem, 
     wait_barrier<Config>(smem.full(stage), phase, watch, stage);
     const bool accumulate = kb > k_blocks.begin;
     issue_k_block<Config, Mma>(smem.tokens_desc(stage, 64 * warpgroup), smem.weights_desc(stage), tile_acc, accumulate);
-    if (accumulate) {
-      ptx::wgmma_wait<1>();  // K block kb - 1's group
-      release_stage_at(smem, held_stage, lane);
+    if constexpr (kReleaseEachKBlock) {
+      ptx::wgmma_wait<0>();
+      release_stage_at(smem, stage, lane);
+    } else {
+      if (accumulate) {
+        ptx::wgmma_wait<1>();  // K block kb - 1's group
+        release_stage_at(smem, held_stage, lane);
+      }
+      held_stage = stage;
     }
-    held_stage = stage;
   });
   ptx::wgmma_wait<0>();
   ptx::fence_registers(tile_acc);
-  release_stage_at(smem, held_stage, lane);
+  if constexpr (!kReleaseEachKBlock) release_stage_at(smem, held_stage, lane);
 }
 
 // tokens_on_m: acc[h] is this warpgroup's 64 tokens x weight rows [128h, 128h + 128) of the tile.
