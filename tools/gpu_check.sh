@@ -21,6 +21,9 @@
 #   tools/gpu_check.sh gemm-ab ROUNDS TREE... -- ARGS  `megamoe_gemm_bench ARGS` the same way; prints each
 #                                                 row's TFLOP/s against same-shape plain FP8 per tree, and
 #                                                 each tree's median per recipe and stage (last step)
+#   tools/gpu_check.sh gemm-guard               a small GEMM benchmark (every recipe, 32 experts, 1, 16 and 1024
+#                                                 tokens per expert, uniform) from $BUILD, checked against the
+#                                                 committed results by tools/perf_guard.py: run it first in a session
 #   tools/gpu_check.sh clocks CMD...             CMD with the SM clock and board power logged
 #   tools/gpu_check.sh ncu NAME REGEX SKIP CMD...  one launch of a kernel, profiled (last step: takes the rest)
 # Binaries are built on this machine and carried with the call: copy the GPU test binaries, the
@@ -94,6 +97,13 @@ ab_rounds() {
 }
 
 # The GEMM benchmark's same-run A/B: each tree's build/bench/gemm binary.
+step_gemm_guard() {
+  timeout 300 "$BUILD/bench/gemm/megamoe_gemm_bench" --recipes fp8,fp8_fp4,bf16 --experts 32 --tokens 1,16,1024 \
+    --routing uniform --out "$OUT/gemm_guard.json" >"$OUT/gemm_guard.log" 2>&1 ||
+    { echo "gemm-guard: the benchmark failed"; tail -5 "$OUT/gemm_guard.log"; status=1; return; }
+  python3 tools/perf_guard.py "$OUT/gemm_guard.json" | tee "$OUT/gemm_guard.txt" | grep -E "REGRESSION|median|perf_guard"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+}
 step_gemm_ab() {
   ab_rounds gemm-ab "$1" build/bench/gemm/megamoe_gemm_bench "${@:2}"
   python3 - "$OUT/ab" <<'SUMMARY'
@@ -435,6 +445,7 @@ while [ $# -gt 0 ]; do
     stress) step_stress "$1"; shift ;;
     trees) step_trees "$@"; shift $# ;;
     ab) step_ab "$@"; shift $# ;;
+    gemm-guard) step_gemm_guard ;;
     gemm-ab) step_gemm_ab "$@"; shift $# ;;
     clocks) step_clocks "$@"; shift $# ;;
     ncu) step_ncu "$@"; shift $# ;;
