@@ -96,7 +96,8 @@ ab_rounds() {
   done
 }
 
-# The GEMM benchmark's same-run A/B: each tree's build/bench/gemm binary.
+# A small GEMM run checked against the committed results (tools/perf_guard.py), so that a slower
+# recipe shows on the day its kernel changed, not when someone next benchmarks it.
 step_gemm_guard() {
   timeout 300 "$BUILD/bench/gemm/megamoe_gemm_bench" --recipes fp8,fp8_fp4,bf16 --experts 32 --tokens 1,16,1024 \
     --routing uniform --out "$OUT/gemm_guard.json" >"$OUT/gemm_guard.log" 2>&1 ||
@@ -104,6 +105,7 @@ step_gemm_guard() {
   python3 tools/perf_guard.py "$OUT/gemm_guard.json" | tee "$OUT/gemm_guard.txt" | grep -E "REGRESSION|median|perf_guard"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 }
+# The GEMM benchmark's same-run A/B: each tree's build/bench/gemm binary.
 step_gemm_ab() {
   ab_rounds gemm-ab "$1" build/bench/gemm/megamoe_gemm_bench "${@:2}"
   python3 - "$OUT/ab" <<'SUMMARY'
