@@ -28,11 +28,6 @@ METRICS = ('tflops_vs_dense_same_shape', 'weight_gbps_vs_hbm_copy')
 KEY_FIELDS = ('recipe', 'stage', 'experts', 'tokens_per_expert', 'routing')
 
 
-def is_reference_file(path, doc):
-    name = os.path.basename(path)
-    return doc.get('benchmark') == 'gemm' and name.startswith('gemm') and '_ab-' not in name
-
-
 def row_key(row):
     if not all(field in row for field in KEY_FIELDS):
         return None
@@ -45,7 +40,7 @@ def load_references(results_dir):
     for path in sorted(glob.glob(os.path.join(results_dir, '*.json'))):
         with open(path) as f:
             doc = json.load(f)
-        if not is_reference_file(path, doc):
+        if doc.get('benchmark') != 'gemm':  # A/B, reference and profile files name other benchmarks
             continue
         stamp = (doc.get('date', ''), os.path.basename(path))
         for row in doc.get('rows', []):
