@@ -23,12 +23,16 @@ namespace megamoe::gemm {
 // The fused decode configs give the producer warpgroup, whose dispatch warps run the call's chain
 // of dependent sends and pulls, 96: at 40 that chain spilled 230-300 instructions; their math needs
 // no more than the 200 left (ptxas: no spills), except fp8_fp4's 64-token tiles, which spill at 200
-// and get 56 (224 left; the fewest spills in all).
+// and get 56 (224 left; the fewest spills in all). The grouped GEMM's fp8 and bf16 decode configs
+// give it 56 too: their producer thread also stages the weight-block scales and walks split-K plans
+// (at 40 it spilled up to 40 instructions), and their math needs far fewer than the 224 left;
+// fp8_fp4's decode math, which expands the weights in its registers, keeps 232.
 template <class Config>
 inline constexpr int kProducerRegisters =
-    !(Config::kDispatchWarps && Config::kLayout == TileLayout::weights_on_m) ? 40
-    : Config::kPacked && Config::kBlockN == 64                              ? 56
-                                                                            : 96;
+    Config::kLayout == TileLayout::tokens_on_m ? 40
+    : !Config::kDispatchWarps                  ? (Config::kPacked ? 40 : 56)
+    : Config::kPacked && Config::kBlockN == 64 ? 56
+                                               : 96;
 template <class Config>
 inline constexpr int kLaunchRegisters = 65536 / static_cast<int>(Config::kThreads) / 8 * 8;
 template <class Config>

@@ -107,15 +107,8 @@ __device__ __forceinline__ uint32_t group_row_blocks_end(const MainloopArgs& arg
   return (tile.group + 1) * args.n_out / 64;
 }
 
-// The weight scale of 64-row block `row_block` for K block kb; rows past the group's end (a partial
-// last tile) read none and contribute zero.
-__device__ __forceinline__ float weight_scale(const MainloopArgs& args, uint32_t row_block,
-                                              uint32_t blocks_end, uint32_t kb) {
-  return row_block < blocks_end ? __ldg(args.weight_scales + row_block * args.k_blocks + kb) : 0.0f;
-}
-
-// The scales of K block kb for a tokens_on_m tile's four 64-row weight blocks; as in weight_scale,
-// blocks past the group's end read none and contribute zero (counted once here, not per block).
+// The scales of K block kb for a tile's four 64-row weight blocks; blocks past the group's end (a
+// partial last tile) read none and contribute zero.
 template <class Config>
 __device__ __forceinline__ float4 tile_weight_scales(const MainloopArgs& args, const Tile& tile, uint32_t kb) {
   const uint32_t first_row_block = tile_first_weight_row<Config>(args, tile) / 64;
@@ -392,6 +385,15 @@ __host__ __device__ __forceinline__ void for_each_k_block(RingPosition<kStages>&
   }
 }
 
+// weights_on_m, scaled recipes: the staged weight-block scales of this warpgroup's two m64 blocks
+// (tile blocks 2w and 2w + 1) for the stage's K block.
+template <class Config>
+__device__ __forceinline__ float2 warpgroup_weight_scales(const SharedStorage<Config>& smem, uint32_t stage,
+                                                          uint32_t warpgroup) {
+  const float4 scales = *smem.weight_scales(stage);
+  return warpgroup == 0 ? make_float2(scales.x, scales.y) : make_float2(scales.z, scales.w);
+}
+
 // weights_on_m, scaled recipes: adds one m64 block's K-block partial sums to its FP32 result, times
 // the block's weight scale and each token's activation scale (partial register i holds token
 // 8 (i / 4) + 2 (lane % 4) + i % 2). kReread: the activation scales are re-read per use (volatile),
@@ -422,8 +424,6 @@ __device__ void consume_weights_on_m_packed(const SharedStorage<Config>& smem, R
                                             uint32_t warpgroup, uint32_t lane, float (&tile_acc)[2][Config::kAccRegs]) {
   using Mma = typename Config::Policy::template Mma<kWidth>;
   constexpr uint32_t kRegs = kWidth / 2;
-  const uint32_t first_row_block = tile_first_weight_row<Config>(args, tile) / 64 + 2 * warpgroup;
-  const uint32_t blocks_end = group_row_blocks_end(args, tile);
   const uint32_t first_row = 128 * warpgroup + 16 * (threadIdx.x / 32 % 4) + lane / 4;
   const PipelineWatch& watch = args.watch;
   uint32_t a[2][2][Config::kBlockK / 32][4];  // [buffer][m64 block][K step][register]
@@ -433,27 +433,8 @@ __device__ void consume_weights_on_m_packed(const SharedStorage<Config>& smem, R
 #pragma unroll
     for (uint32_t j = 0; j < 2; ++j) expand_a_fragments(smem, ring.stage, first_row + 64 * j, lane, into[j]);
   };
-  // The two weight-block scales of each K block are loaded two K blocks ahead, from lines prefetched
-  // into L2 when the unit starts: a K block takes about half a microsecond here, and a scale read
-  // from HBM on the way to the promotion (one per 8 K blocks) cost as much.
-  if (lane < 8) {
-#pragma unroll
-    for (uint32_t j = 0; j < 2; ++j) {
-      if (first_row_block + j >= blocks_end) continue;
-      for (uint32_t kb = k_blocks.begin + 8 * lane; kb < k_blocks.end; kb += 64)
-        ptx::prefetch_l2(args.weight_scales + (first_row_block + j) * args.k_blocks + kb);
-    }
-  }
-  float scales[2][2];  // [K block parity][m64 block]
-  const auto load_scales = [&](float (&into)[2], uint32_t kb) {
-    if (kb >= k_blocks.end) return;
-#pragma unroll
-    for (uint32_t j = 0; j < 2; ++j) into[j] = weight_scale(args, first_row_block + j, blocks_end, kb);
-  };
-  load_scales(scales[0], k_blocks.begin);
-  load_scales(scales[1], k_blocks.begin + 1);
   const auto step = [&](uint32_t (&current)[2][Config::kBlockK / 32][4], uint32_t (&next)[2][Config::kBlockK / 32][4],
-                        float (&row_scales)[2], uint32_t kb) {
+                        uint32_t kb) {
     const uint32_t stage = ring.stage;
 #pragma unroll
     for (uint32_t j = 0; j < 2; ++j)
@@ -463,15 +444,15 @@ __device__ void consume_weights_on_m_packed(const SharedStorage<Config>& smem, R
     ptx::wgmma_wait<0>();
     ptx::fence_registers(reinterpret_cast<uint32_t(&)[2 * 4 * Config::kBlockK / 32]>(current));
     const float* act_scales = smem.act_scales(stage) + (tile.row_begin & (Config::kScaleAlignRows - 1));
-#pragma unroll
-    for (uint32_t j = 0; j < 2; ++j) promote_weights_on_m<false>(tile_acc[j], partial[j], row_scales[j], act_scales, lane);
+    const float2 row_scales = warpgroup_weight_scales(smem, stage, warpgroup);
+    promote_weights_on_m<false>(tile_acc[0], partial[0], row_scales.x, act_scales, lane);
+    promote_weights_on_m<false>(tile_acc[1], partial[1], row_scales.y, act_scales, lane);
     release_stage_at(smem, stage, lane);
-    load_scales(row_scales, kb + 2);
   };
   expand(a[0]);
   for (uint32_t kb = k_blocks.begin; kb < k_blocks.end; kb += 2) {
-    step(a[0], a[1], scales[0], kb);
-    if (kb + 1 < k_blocks.end) step(a[1], a[0], scales[1], kb + 1);
+    step(a[0], a[1], kb);
+    if (kb + 1 < k_blocks.end) step(a[1], a[0], kb + 1);
   }
 }
 
@@ -492,30 +473,16 @@ __device__ void consume_weights_on_m_width(const SharedStorage<Config>& smem, Ri
   const auto narrow = [&](uint32_t j) -> float(&)[kRegs] { return reinterpret_cast<float(&)[kRegs]>(tile_acc[j]); };
   constexpr uint32_t kM64Bytes = 64 * Config::kRowBytes;
 
-  const uint32_t first_row_block = tile_first_weight_row<Config>(args, tile) / 64 + 2 * warpgroup;
-  const uint32_t blocks_end = group_row_blocks_end(args, tile);
-
   const PipelineWatch& watch = args.watch;
-  // Scaled recipes: the two weight-block scales of K block kb + 1 are loaded during kb, off the
-  // path from each wgmma wait to its promotion.
-  float next_scales[2] = {};
-  const auto load_scales = [&](uint32_t kb) {
-#pragma unroll
-    for (uint32_t j = 0; j < 2; ++j) next_scales[j] = weight_scale(args, first_row_block + j, blocks_end, kb);
-  };
-  if constexpr (Policy::kScaled) load_scales(k_blocks.begin);
   for_each_k_block<!Config::kPacked>(ring, k_blocks, [&](uint32_t stage, uint32_t phase, uint32_t kb) {
-    [[maybe_unused]] const float row_scales[2] = {next_scales[0], next_scales[1]};
-    if constexpr (Policy::kScaled) {
-      if (kb + 1 < k_blocks.end) load_scales(kb + 1);
-    }
     wait_barrier<Config>(smem.full(stage), phase, watch, stage);
     const ptx::SmemDescSw128 desc_tokens = smem.tokens_desc(stage);
     if constexpr (Policy::kScaled) {
       const float* act_scales = smem.act_scales(stage) + (tile.row_begin & (Config::kScaleAlignRows - 1));
+      const float2 row_scales = warpgroup_weight_scales(smem, stage, warpgroup);
       float partial[2][kRegs];
       const auto promote = [&](uint32_t j) {
-        promote_weights_on_m<true>(tile_acc[j], partial[j], row_scales[j], act_scales, lane);
+        promote_weights_on_m<true>(tile_acc[j], partial[j], j == 0 ? row_scales.x : row_scales.y, act_scales, lane);
       };
       // Both m64 blocks' wgmmas in flight, block 0 promoted while block 1's run.
 #pragma unroll

@@ -78,11 +78,13 @@ struct GemmConfig {
   static constexpr uint32_t kScaleBoxRows = kBlockN + kScaleAlignRows;
   static constexpr uint32_t kScaleBytes = Policy::kScaled ? kScaleBoxRows * 4 : 0;
   static constexpr uint32_t kScaleStride = (kScaleBytes + 127) / 128 * 128;
-  // tokens_on_m, scaled recipes: the producer also stores the K block's four 64-row weight-block scales
-  // into the stage, past the activation scales, so that the math warps' K loop reads them from shared
-  // memory instead of holding the scales' address, stride and valid count in registers (the fused fp8
-  // prefill kernel's math warps spilled 48 instructions with them, 17 without).
-  static constexpr bool kStageWeightScales = Policy::kScaled && kLayout == TileLayout::tokens_on_m;
+  // Scaled recipes: the producer also stores the K block's four 64-row weight-block scales into the
+  // stage, past the activation scales, so that the math warps' K loop reads them from shared memory:
+  // in prefill it need not hold the scales' address, stride and valid count in registers (the fused
+  // fp8 prefill kernel's math warps spilled 48 instructions with them, 17 without); in decode their
+  // loads leave the path from a unit's first wgmmas to its first promotion, and the producer, stages
+  // ahead, hides their latency.
+  static constexpr bool kStageWeightScales = Policy::kScaled;
   static constexpr uint32_t kWeightScaleOffset = (kScaleBytes + 15) / 16 * 16;  // within a stage's scale area
   static_assert(!kStageWeightScales || kWeightScaleOffset + 16 <= kScaleStride, "no room for the weight scales");
   // Packed (fp8_fp4) weights land in a raw area of the stage: E2M1 pairs (rows of 64 bytes, TMA's

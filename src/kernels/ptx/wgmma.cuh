@@ -69,9 +69,6 @@ MEGAMOE_DEVICE void tma_load_2d_with_policy(void* destination, const void* tenso
       : "memory");
 }
 
-// Brings a global line into L2 without waiting for it.
-MEGAMOE_DEVICE void prefetch_l2(const void* address) { asm volatile("prefetch.global.L2 [%0];" ::"l"(address)); }
-
 // Barrier 0 of the whole CTA, reached from different code by different warps (the fused kernel's
 // roles each end in their own copy of the same steps): the non-aligned barrier.sync. __syncthreads
 // (bar.sync, aligned) requires every thread of the CTA to execute the same instruction.
