@@ -89,8 +89,10 @@ TEST(TileConfig, StoreWarpTilesStageWholeRowsBesideThreeStages) {
 }
 
 // setmaxnreg's split of the CTA's registers at launch (a request past them would hang the math
-// warps): 232 math registers, 216 beside fp8_fp4's prefill converter warpgroup; fp8_fp4's decode
-// tiles have no converters (their math warps expand the weights in registers) and get 232.
+// warps): 232 math registers in prefill, 216 beside fp8_fp4's prefill converter warpgroup; fp8 and
+// bf16 decode tiles give the producer warpgroup 56 (it stages the weight scales) and get 224;
+// fp8_fp4's decode tiles have no converters (their math warps expand the weights in registers) and
+// get 232.
 TEST(TileConfig, MathRegistersFitTheLaunchAllocation) {
   using Fp8Prefill = GemmConfig<Fp8Policy, TileLayout::tokens_on_m, 128>;
   using Fp8Decode = GemmConfig<Fp8Policy, TileLayout::weights_on_m, 16>;
@@ -100,7 +102,9 @@ TEST(TileConfig, MathRegistersFitTheLaunchAllocation) {
   EXPECT_EQ(kLaunchRegisters<Fp8Prefill>, 168);
   EXPECT_EQ(kLaunchRegisters<Fp4Prefill>, 128);
   EXPECT_EQ(kMathRegisters<Fp8Prefill>, 232);
-  EXPECT_EQ(kMathRegisters<Bf16Decode>, 232);
+  EXPECT_EQ(kProducerRegisters<Fp8Decode>, 56);
+  EXPECT_EQ(kMathRegisters<Fp8Decode>, 224);
+  EXPECT_EQ(kMathRegisters<Bf16Decode>, 224);
   EXPECT_EQ(kLaunchRegisters<Fp4Decode>, 168);
   EXPECT_EQ(Fp4Decode::kConverterWarps, 0u);
   EXPECT_EQ(kMathRegisters<Fp4Decode>, 232);
