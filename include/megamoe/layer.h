@@ -89,10 +89,10 @@ bool fused_trace_compiled();
 
 // Views of the buffer's own input regions: a caller that writes x, x_scales and topk_weights there
 // saves the copy the layer otherwise makes (peers read these rows from this rank's buffer). They hold
-// one wave: num_tokens is at most Problem::tokens_per_wave().
+// one wave: num_tokens is at most tokens_per_wave(buffer.problem()).
 LayerInputs buffer_input_views(const SymmBuffer& buffer, int32_t num_tokens, const TensorView& topk_idx);
 
-// y: [num_tokens, hidden] bf16. A call of more tokens than one wave (Problem::wave_tokens) runs its
+// y: [num_tokens, hidden] bf16. A call of more tokens than one wave (tokens_per_wave) runs its
 // waves one after the other on `stream`. recv_stats (optional): [experts_per_rank] i64, to which each
 // call adds the routes every local expert received (for expert-load balancing).
 // Errors found on the device (an expert id outside [-1, num_experts), a stuck wait) are recorded in

@@ -152,6 +152,10 @@ struct Region {
   MEGAMOE_HD uint64_t end() const { return offset + bytes; }
 };
 
+// The tokens per rank of one wave: Problem::wave_tokens, or the default chosen from the buffer's
+// size (defined below BufferLayout, which it sizes).
+MEGAMOE_HD int32_t tokens_per_wave(const Problem& p);
+
 struct BufferLayout {
   // Derived sizes.
   uint32_t experts_per_rank = 0;
@@ -175,22 +179,27 @@ struct BufferLayout {
   // Worst case of rows one rank's pool must hold: every source rank sends every token of a wave to
   // this rank, each with as many distinct local experts as top-k allows.
   MEGAMOE_HD static uint64_t worst_case_pool_rows(const Problem& p) {
-    return static_cast<uint64_t>(p.num_ranks) * static_cast<uint64_t>(p.tokens_per_wave()) *
+    return worst_case_pool_rows(p, tokens_per_wave(p));
+  }
+  MEGAMOE_HD static uint64_t worst_case_pool_rows(const Problem& p, int32_t wave_tokens) {
+    return static_cast<uint64_t>(p.num_ranks) * static_cast<uint64_t>(wave_tokens) *
            static_cast<uint64_t>(p.max_routes_per_token_to_rank());
   }
   // The routes a wave may send one rank: Problem::recv_capacity, or the worst case (0, or larger).
-  MEGAMOE_HD static uint64_t recv_capacity_rows(const Problem& p) {
-    const uint64_t worst = worst_case_pool_rows(p);
+  MEGAMOE_HD static uint64_t recv_capacity_rows(const Problem& p, int32_t wave_tokens) {
+    const uint64_t worst = worst_case_pool_rows(p, wave_tokens);
     const uint64_t capacity = p.recv_capacity > 0 ? static_cast<uint64_t>(p.recv_capacity) : worst;
     return capacity < worst ? capacity : worst;
   }
 
-  MEGAMOE_HD static BufferLayout make(const Problem& p) {
+  MEGAMOE_HD static BufferLayout make(const Problem& p) { return make(p, tokens_per_wave(p)); }
+  // The layout for waves of `wave_tokens` tokens per rank, whatever Problem::wave_tokens says.
+  MEGAMOE_HD static BufferLayout make(const Problem& p, int32_t wave_tokens) {
     BufferLayout l;
     const bool scaled = p.recipe != Recipe::bf16;
     l.experts_per_rank = static_cast<uint32_t>(p.experts_per_rank());
-    l.wave_tokens = static_cast<uint32_t>(align_up(static_cast<uint64_t>(p.tokens_per_wave()), 4));
-    l.recv_capacity = static_cast<uint32_t>(recv_capacity_rows(p));
+    l.wave_tokens = static_cast<uint32_t>(align_up(static_cast<uint64_t>(wave_tokens), 4));
+    l.recv_capacity = static_cast<uint32_t>(recv_capacity_rows(p, wave_tokens));
     l.pool_rows = static_cast<uint32_t>(align_up(uint64_t{l.recv_capacity} + kPoolRowAlign - 1, kPoolRowAlign));
     l.hidden_blocks = static_cast<uint32_t>(p.hidden / kScaleBlock);
     l.intermediate_blocks = static_cast<uint32_t>(p.intermediate / kScaleBlock);
@@ -302,5 +311,56 @@ struct BufferLayout {
     return at<uint16_t>(base, combine) + (static_cast<uint64_t>(token) * slots + slot) * hidden;
   }
 };
+
+// The default wave (Problem::wave_tokens = 0): the whole call when its buffer fits
+// kDefaultBufferBytes, else the fewest equal waves whose buffer fits, but no wave smaller than
+// default_wave_floor. With fewer expected rows per routed expert a wave's GEMMs turn from compute to
+// weight streaming, and every wave reads all local weights once: at 512 rows per expert those reads
+// take about a fifth of the wave's tensor-core time (FP8: 990 TFLOP/s against 4.8 TB/s, one byte per
+// weight), so extra waves cost little beyond their fixed cost. Past the floor the buffer may exceed
+// the budget (a large model at few ranks: one H200 holds all 256 DeepSeek-V3 experts, whose weights
+// a second wave would read again). The choice ignores recv_capacity, which only shrinks the pools.
+inline constexpr uint64_t kDefaultBufferBytes = uint64_t{3} << 29;  // 1.5 GiB
+inline constexpr uint64_t kMinWaveRowsPerExpert = 512;
+
+// The smallest default wave: kMinWaveRowsPerExpert expected rows per routed expert under uniform
+// routing (num_ranks * W * top_k routes over num_experts experts).
+MEGAMOE_HD int32_t default_wave_floor(const Problem& p) {
+  const uint64_t routes_per_token = static_cast<uint64_t>(p.num_ranks) * static_cast<uint64_t>(p.top_k);
+  return static_cast<int32_t>(ceil_div(kMinWaveRowsPerExpert * static_cast<uint64_t>(p.num_experts),
+                                       routes_per_token > 0 ? routes_per_token : 1));
+}
+
+MEGAMOE_HD int32_t tokens_per_wave(const Problem& p) {
+  const int32_t all = p.max_tokens_per_rank;
+  if (p.wave_tokens > 0) return p.wave_tokens < all ? p.wave_tokens : all;
+  const int32_t floor = default_wave_floor(p);
+  if (all <= floor) return all;
+  Problem worst = p;
+  worst.recv_capacity = 0;
+  // Waves of ceil(all / n) tokens; the buffer shrinks as n grows. The most waves whose waves still
+  // hold `floor` tokens: ceil(all / n) >= floor while n (floor - 1) < all. Binary search for the
+  // fewest that fit.
+  int32_t fewest = 1, most = floor > 1 ? (all - 1) / (floor - 1) : all;
+  if (BufferLayout::make(worst, static_cast<int32_t>(ceil_div(all, most))).total_bytes > kDefaultBufferBytes)
+    return static_cast<int32_t>(ceil_div(all, most));
+  while (fewest < most) {
+    const int32_t waves = fewest + (most - fewest) / 2;
+    if (BufferLayout::make(worst, static_cast<int32_t>(ceil_div(all, waves))).total_bytes <= kDefaultBufferBytes)
+      most = waves;
+    else
+      fewest = waves + 1;
+  }
+  return static_cast<int32_t>(ceil_div(all, most));
+}
+
+MEGAMOE_HD int32_t waves_per_call(const Problem& p) {
+  const int32_t wave = tokens_per_wave(p);
+  return wave > 0 ? (p.max_tokens_per_rank + wave - 1) / wave : 1;
+}
+
+// The routes one rank receives per wave when every rank routes uniformly: a capacity of a small
+// multiple of this fits ordinary routing (Problem::recv_capacity).
+MEGAMOE_HD int64_t mean_recv_routes(const Problem& p) { return int64_t{tokens_per_wave(p)} * p.top_k; }
 
 }  // namespace megamoe

@@ -18,12 +18,13 @@ struct Problem {
   int32_t intermediate = 0;         // per expert; L1 produces 2 * intermediate (gate and up)
   int32_t num_shared_experts = 0;   // always-on experts computed on every rank for its own tokens
   int32_t max_tokens_per_rank = 0;  // the most tokens one call passes on a rank (fewer are fine)
-  // Tokens per rank of one wave; 0 (or at least max_tokens_per_rank): one wave per call. The buffer's
-  // token-sized regions and its pools hold one wave, so a smaller wave shrinks the buffer. A call runs
-  // waves_per_call() waves one after the other on its stream, wave w over tokens [w * W, (w + 1) * W)
-  // of every rank, each a whole dispatch, both GEMMs and combine. Every rank runs every wave (a rank
-  // with fewer tokens runs empty ones), so each wave past the first costs a call's fixed cost even
-  // when no rank has tokens for it.
+  // Tokens per rank of one wave. The buffer's token-sized regions and its pools hold one wave, so a
+  // smaller wave shrinks the buffer. A call runs waves_per_call(problem) waves one after the other on
+  // its stream, wave w over tokens [w * W, (w + 1) * W) of every rank, each a whole dispatch, both
+  // GEMMs and combine. Every rank runs every wave (a rank with fewer tokens runs empty ones), so each
+  // wave past the first costs a call's fixed cost even when no rank has tokens for it.
+  // 0 (the default): chosen from the buffer's size (tokens_per_wave in layout.h); at least
+  // max_tokens_per_rank: one wave per call.
   int32_t wave_tokens = 0;
   // Routes this rank's expert pools hold per wave (rows received from all ranks). 0: the worst case,
   // every rank sending every token of a wave here, which any routing fits. A smaller capacity shrinks
@@ -40,16 +41,6 @@ struct Problem {
   MEGAMOE_HD int32_t local_expert(int32_t expert) const { return expert % experts_per_rank(); }
   // Combine slots per token: one per top-k choice plus one for the shared experts' sum.
   MEGAMOE_HD int32_t combine_slots() const { return top_k + 1; }
-  MEGAMOE_HD int32_t tokens_per_wave() const {
-    return wave_tokens > 0 && wave_tokens < max_tokens_per_rank ? wave_tokens : max_tokens_per_rank;
-  }
-  MEGAMOE_HD int32_t waves_per_call() const {
-    const int32_t wave = tokens_per_wave();
-    return wave > 0 ? (max_tokens_per_rank + wave - 1) / wave : 1;
-  }
-  // The routes one rank receives per wave when every rank routes uniformly: a capacity of a small
-  // multiple of this fits ordinary routing (recv_capacity).
-  MEGAMOE_HD int64_t mean_recv_routes() const { return int64_t{tokens_per_wave()} * top_k; }
   // A token sends at most this many routes to one rank (its top-k ids are distinct).
   MEGAMOE_HD int32_t max_routes_per_token_to_rank() const {
     return top_k < experts_per_rank() ? top_k : experts_per_rank();

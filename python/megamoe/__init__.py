@@ -29,7 +29,9 @@ def make_problem(*, num_experts: int, top_k: int, hidden: int, intermediate: int
     """A Problem from keywords; validated unless validate=False (ValueError names the field and rule).
     ``recv_capacity``: the routes one rank's expert pools hold per wave (0: the worst case); a wave past
     it is refused on every rank and ``check_device_error`` raises (e.g. ``2 * problem.mean_recv_routes``).
-    ``wave_tokens``: tokens per rank of one wave (0: the whole call); the buffer holds one wave."""
+    ``wave_tokens``: tokens per rank of one wave; the buffer holds one wave (0: the whole call when
+    its buffer fits 1.5 GiB, else the fewest equal waves that fit, none under 512 expected rows per
+    expert; ``max_tokens_per_rank``: always one wave)."""
     problem = Problem()
     problem.num_ranks = num_ranks
     problem.rank = rank

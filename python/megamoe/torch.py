@@ -93,8 +93,8 @@ class Buffer:
     keyword shapes (DeepGEMM's names) describe the layer; the rank and the number of ranks come from the
     group. ``recv_capacity`` (default: the problem's, 0 = the worst case) bounds the routes one rank
     receives per wave and with it the buffer; a wave past it writes no output and
-    :meth:`check_device_error` raises on every rank. ``wave_tokens`` (default: the problem's, 0 = the
-    whole call) sizes the buffer for that many tokens per rank: a larger call runs in waves, every rank
+    :meth:`check_device_error` raises on every rank. ``wave_tokens`` (default: the problem's, 0 = chosen
+    from the buffer size, see :func:`megamoe.make_problem`) sizes the buffer for that many tokens per rank: a larger call runs in waves, every rank
     running every wave, and the input tensors below are then ordinary device tensors of max tokens rows
     (the symmetric ones hold one wave). ``activation_scales`` says how ``x_sf`` holds the
     activation scales of the fp8 recipes:

@@ -347,7 +347,7 @@ struct PyBuffer {
     SymmBuffer& b = self.get();
     const Problem& p = b.problem();
     const BufferLayout& l = b.layout();
-    const size_t rows = static_cast<size_t>(p.tokens_per_wave());
+    const size_t rows = static_cast<size_t>(tokens_per_wave(p));
     const Region* region = nullptr;
     size_t cols = 0;
     nb::dlpack::dtype dtype = nb::dtype<uint8_t>();
@@ -783,9 +783,9 @@ NB_MODULE(_megamoe, m) {
       .def_rw("max_tokens_per_rank", &Problem::max_tokens_per_rank)
       .def_rw("recv_capacity", &Problem::recv_capacity)
       .def_rw("wave_tokens", &Problem::wave_tokens)
-      .def_prop_ro("tokens_per_wave", &Problem::tokens_per_wave)
-      .def_prop_ro("waves_per_call", &Problem::waves_per_call)
-      .def_prop_ro("mean_recv_routes", &Problem::mean_recv_routes)
+      .def_prop_ro("tokens_per_wave", [](const Problem& p) { return tokens_per_wave(p); })
+      .def_prop_ro("waves_per_call", [](const Problem& p) { return waves_per_call(p); })
+      .def_prop_ro("mean_recv_routes", [](const Problem& p) { return mean_recv_routes(p); })
       .def_prop_rw(
           "recipe", [](const Problem& p) { return std::string(to_string(p.recipe)); },
           [](Problem& p, const std::string& name) { p.recipe = recipe_from(name); })

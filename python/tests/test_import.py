@@ -67,9 +67,11 @@ def test_recv_capacity_bounds_the_buffer():
 def test_wave_tokens_bound_the_buffer():
     shape = dict(num_experts=256, top_k=8, hidden=7168, intermediate=2048, max_tokens_per_rank=8192, num_ranks=8,
                  num_shared_experts=1)
-    whole = megamoe.make_problem(**shape)
+    whole = megamoe.make_problem(**shape, wave_tokens=8192)
+    default = megamoe.make_problem(**shape)
     waves = megamoe.make_problem(**shape, wave_tokens=4096, recv_capacity=2 * 4096 * 8)
-    assert (whole.waves_per_call, waves.waves_per_call) == (1, 2)
+    assert (whole.waves_per_call, default.waves_per_call, waves.waves_per_call) == (1, 4, 2)
+    assert default.tokens_per_wave == 2048 and default.buffer_bytes <= 1.5 * 2 ** 30 < whole.buffer_bytes
     assert waves.tokens_per_wave == 4096 and waves.mean_recv_routes == 4096 * 8
     assert waves.buffer_bytes <= 1.5 * 2 ** 30
     assert "wave_tokens=4096" in waves.describe()

@@ -158,7 +158,9 @@ SymmBuffer::SymmBuffer(Communicator& comm, const Problem& problem)
   const std::string mismatch = disagreement(records);
   if (!mismatch.empty()) throw Error("SymmBuffer: " + mismatch);
 
-  layout_ = BufferLayout::make(problem);
+  // The buffer keeps the wave it was sized for (a default wave chosen once, not per call).
+  problem_.wave_tokens = tokens_per_wave(problem);
+  layout_ = BufferLayout::make(problem_);
   view_.rank = comm.rank();
   view_.num_ranks = comm.size();
   if (impl_->nccl) {

@@ -40,7 +40,8 @@ void validate(const Problem& p) {
   require(p.max_tokens_per_rank >= 1 && p.max_tokens_per_rank <= kMaxTokensPerRank, "max_tokens_per_rank",
           "must be in [1, ", kMaxTokensPerRank, "], got ", p.max_tokens_per_rank);
   require(p.wave_tokens >= 0 && p.wave_tokens <= kMaxTokensPerRank, "wave_tokens", "must be in [0, ",
-          kMaxTokensPerRank, "] (0, or at least max_tokens_per_rank: one wave per call), got ", p.wave_tokens);
+          kMaxTokensPerRank, "] (0: chosen from the buffer size; at least max_tokens_per_rank: one wave per call), got ",
+          p.wave_tokens);
   require(p.recv_capacity >= 0 && p.recv_capacity <= kMaxRecvCapacity, "recv_capacity",
           "must be in [0, ", kMaxRecvCapacity, "] (0: the worst case), got ", p.recv_capacity);
   require(p.front_num_slots >= 0, "front_num_slots", "must not be negative, got ", p.front_num_slots);
@@ -72,7 +73,7 @@ uint64_t fingerprint(const Problem& p) {
   for (int64_t field : {int64_t{kLibraryVersion}, int64_t{p.num_ranks}, int64_t{p.num_experts}, int64_t{p.top_k},
                         int64_t{p.hidden}, int64_t{p.intermediate}, int64_t{p.num_shared_experts},
                         int64_t{p.max_tokens_per_rank}, int64_t(p.recipe), int64_t{p.front_num_slots},
-                        int64_t{p.front_tokens_per_slot}, p.recv_capacity, int64_t{p.tokens_per_wave()}}) {
+                        int64_t{p.front_tokens_per_slot}, p.recv_capacity, int64_t{tokens_per_wave(p)}}) {
     fnv.add(static_cast<uint64_t>(field));
   }
   fnv.add(BufferLayout::make(p).total_bytes);
@@ -84,7 +85,7 @@ std::string describe(const Problem& p) {
   out << "ranks=" << p.num_ranks << " rank=" << p.rank << " experts=" << p.num_experts << " top_k=" << p.top_k
       << " hidden=" << p.hidden << " intermediate=" << p.intermediate << " shared=" << p.num_shared_experts
       << " max_tokens_per_rank=" << p.max_tokens_per_rank << " recipe=" << to_string(p.recipe);
-  if (p.waves_per_call() > 1) out << " wave_tokens=" << p.tokens_per_wave();
+  if (waves_per_call(p) > 1) out << " wave_tokens=" << tokens_per_wave(p);
   if (p.recv_capacity > 0) out << " recv_capacity=" << p.recv_capacity;
   if (p.front_num_slots > 0) out << " front_slots=" << p.front_num_slots << "x" << p.front_tokens_per_slot;
   return out.str();

@@ -272,7 +272,7 @@ TensorView token_rows(const TensorView& whole, int64_t begin, int64_t count) {
   return part;
 }
 
-// A call runs as Problem::waves_per_call() waves, each a whole call over the next tokens_per_wave()
+// A call runs as waves_per_call(problem) waves, each a whole call over the next tokens_per_wave()
 // tokens of every rank (layout.h: the buffer holds one wave). Every rank runs every wave, empty ones
 // too, so the ranks agree on the waves without telling each other their token counts.
 void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w, const TensorView& y,
@@ -282,8 +282,8 @@ void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w,
   check_weights(p, w);
   require(options.trace.empty() || options.schedule == Schedule::fused, "options.trace",
           "is the fused schedule's event log; the staged schedule takes none");
-  const int64_t wave_tokens = p.tokens_per_wave();
-  for (int32_t wave = 0; wave < p.waves_per_call(); ++wave) {
+  const int64_t wave_tokens = tokens_per_wave(p);
+  for (int32_t wave = 0; wave < waves_per_call(p); ++wave) {
     const int64_t begin = std::min<int64_t>(in.num_tokens, wave * wave_tokens);
     const int64_t count = std::min<int64_t>(in.num_tokens - begin, wave_tokens);
     LayerInputs part = in;
@@ -315,8 +315,8 @@ int64_t fused_trace_bytes(const SymmBuffer& buffer) {
 void detail::expert_gemms(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights,
                           cudaStream_t stream) {
   const Problem& p = buffer.problem();
-  require(inputs.num_tokens <= p.tokens_per_wave(), "inputs.num_tokens", "must be at most one wave (",
-          p.tokens_per_wave(), " tokens): the GEMMs run on the rows of the last wave, got ", inputs.num_tokens);
+  require(inputs.num_tokens <= tokens_per_wave(p), "inputs.num_tokens", "must be at most one wave (",
+          tokens_per_wave(p), " tokens): the GEMMs run on the rows of the last wave, got ", inputs.num_tokens);
   const TensorView y = TensorView::contiguous(nullptr, DType::bf16, {inputs.num_tokens, p.hidden}, Device::cuda);
   check_weights(p, weights);
   run_expert_gemms(CallPlan(buffer, inputs, y, {}), weights, stream);
@@ -325,7 +325,7 @@ void detail::expert_gemms(SymmBuffer& buffer, const LayerInputs& inputs, const L
 LayerInputs buffer_input_views(const SymmBuffer& buffer, int32_t num_tokens, const TensorView& topk_idx) {
   const Problem& p = buffer.problem();
   const BufferLayout& l = buffer.layout();
-  require(num_tokens >= 0 && num_tokens <= p.tokens_per_wave(), "num_tokens", "must be in [0, ", p.tokens_per_wave(),
+  require(num_tokens >= 0 && num_tokens <= tokens_per_wave(p), "num_tokens", "must be in [0, ", tokens_per_wave(p),
           "] (the buffer's regions hold one wave of tokens), got ", num_tokens);
   char* local = buffer.local();
   LayerInputs in;

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "megamoe/presets.h"
+
 namespace megamoe {
 namespace {
 
@@ -206,9 +208,10 @@ TEST(BufferLayout, PoolHasRoomForTheLastTile) {
 TEST(BufferLayout, RecvCapacityBoundsThePools) {
   Problem p = deepseek_v3();
   p.num_ranks = 8;
+  p.wave_tokens = p.max_tokens_per_rank;  // one wave
   const BufferLayout worst = BufferLayout::make(p);
   EXPECT_EQ(worst.recv_capacity, 8u * 8192 * 8);
-  p.recv_capacity = 2 * p.mean_recv_routes();  // 131072 routes: twice the uniform routing's
+  p.recv_capacity = 2 * mean_recv_routes(p);  // 131072 routes: twice the uniform routing's
   const BufferLayout bounded = BufferLayout::make(p);
   EXPECT_EQ(bounded.recv_capacity, 131072u);
   EXPECT_EQ(bounded.pool_rows, 131072u + 256);
@@ -232,7 +235,9 @@ TEST(BufferLayout, RecvCapacityBoundsThePools) {
 TEST(BufferLayout, WavesBoundTheBuffer) {
   Problem p = deepseek_v3();
   p.num_ranks = 8;
+  p.wave_tokens = p.max_tokens_per_rank;  // one wave
   const BufferLayout whole = BufferLayout::make(p);
+  EXPECT_GT(whole.total_bytes, 5ull << 30);
   p.wave_tokens = 4096;
   const BufferLayout half = BufferLayout::make(p);
   expect_well_formed(half, "waves");
@@ -241,13 +246,70 @@ TEST(BufferLayout, WavesBoundTheBuffer) {
   EXPECT_EQ(half.combine.bytes * 2, whole.combine.bytes);
   EXPECT_EQ(half.x.bytes * 2, whole.x.bytes);
   EXPECT_EQ(half.src_index.bytes * 2, whole.src_index.bytes);
-  p.recv_capacity = 2 * p.mean_recv_routes();  // 65536 routes: twice a wave's uniform routing
+  p.recv_capacity = 2 * mean_recv_routes(p);  // 65536 routes: twice a wave's uniform routing
   const BufferLayout bounded = BufferLayout::make(p);
   EXPECT_EQ(bounded.recv_capacity, 65536u);
   EXPECT_LE(bounded.total_bytes, 3ull << 29);  // 1.5 GiB
   std::printf("deepseek-v3, 8 ranks x 8192 tokens in waves of 4096: %.2f GiB worst case, %.2f GiB at capacity "
               "2x the mean\n",
               half.total_bytes / double(1ull << 30), bounded.total_bytes / double(1ull << 30));
+}
+
+// The default wave (Problem::wave_tokens = 0): DeepSeek-V3 at 8 ranks x 8192 tokens per rank runs in
+// four waves of 2048 tokens (512 expected rows per expert each), in at most 1.5 GiB.
+TEST(BufferLayout, DefaultWaveFitsDeepSeekV3AtEightRanks) {
+  Problem p = deepseek_v3();
+  p.num_ranks = 8;
+  EXPECT_EQ(default_wave_floor(p), 2048);
+  EXPECT_EQ(tokens_per_wave(p), 2048);
+  EXPECT_EQ(waves_per_call(p), 4);
+  const BufferLayout l = BufferLayout::make(p);
+  EXPECT_LE(l.total_bytes, kDefaultBufferBytes);
+  EXPECT_EQ(l.total_bytes, BufferLayout::make(p, 2048).total_bytes);
+  std::printf("deepseek-v3, 8 ranks x 8192 tokens, default waves: %d of %d tokens, %.2f GiB\n", waves_per_call(p),
+              tokens_per_wave(p), l.total_bytes / double(1ull << 30));
+  // A receive capacity shrinks the pools but leaves the wave as it is.
+  p.recv_capacity = 2 * mean_recv_routes(p);
+  EXPECT_EQ(tokens_per_wave(p), 2048);
+  EXPECT_LT(BufferLayout::make(p).total_bytes, l.total_bytes);
+}
+
+// For every preset, rank count and token count: the default is one wave when that fits the budget,
+// else the fewest equal waves that fit it, and never waves under the floor (where the fewest allowed
+// may exceed the budget). An explicit wave is kept as it is.
+TEST(BufferLayout, DefaultWaveIsTheFewestThatFit) {
+  for (const Preset& preset : all_presets()) {
+    for (int32_t ranks : {1, 2, 4, 8}) {
+      if (preset.num_experts % ranks != 0) continue;
+      for (int32_t tokens : {1, 100, 2048, 8192, 20000, 65536}) {
+        Problem p = preset_problem(preset, ranks, tokens);
+        validate(p);
+        const std::string label = std::string(preset.name) + " ranks " + std::to_string(ranks) + " tokens " +
+                                  std::to_string(tokens);
+        const int32_t wave = tokens_per_wave(p), waves = waves_per_call(p), floor = default_wave_floor(p);
+        const auto bytes = [&](int32_t w) { return BufferLayout::make(p, w).total_bytes; };
+        ASSERT_GE(wave, 1) << label;
+        ASSERT_LE(wave, tokens) << label;
+        EXPECT_EQ(waves, (tokens + wave - 1) / wave) << label;
+        EXPECT_EQ(wave, (tokens + waves - 1) / waves) << label << ": equal waves";
+        EXPECT_EQ(BufferLayout::make(p).total_bytes, bytes(wave)) << label;
+        if (waves > 1) {
+          EXPECT_GE(wave, floor) << label;
+          const int32_t fewer = (tokens + waves - 2) / (waves - 1);
+          EXPECT_GT(bytes(fewer), kDefaultBufferBytes) << label << ": one wave fewer fits too";
+        }
+        if (bytes(wave) > kDefaultBufferBytes) {
+          const int32_t more = (tokens + waves) / (waves + 1);
+          EXPECT_LT(more, floor) << label << ": one wave more was allowed";
+        }
+        Problem explicit_wave = p;
+        explicit_wave.wave_tokens = tokens;
+        EXPECT_EQ(waves_per_call(explicit_wave), 1) << label;
+        explicit_wave.wave_tokens = 1000;
+        EXPECT_EQ(tokens_per_wave(explicit_wave), std::min(tokens, 1000)) << label;
+      }
+    }
+  }
 }
 
 TEST(BufferLayout, DeepSeekV3HandComputedSizes) {
@@ -367,6 +429,7 @@ TEST(BufferLayout, ExpandedFp4WeightsOnlyWhereAWaveCanReachTheThreshold) {
   Problem p = deepseek_v3();
   p.num_ranks = 8;
   p.recipe = Recipe::fp8_fp4;
+  p.wave_tokens = p.max_tokens_per_rank;  // one wave
   const uint64_t l1_expert = 2ull * 2048 * 7168;  // one expert's L1 weights as E4M3
   // 8192 tokens x 8 ranks x top-8 over 256 experts: 2048 rows per expert.
   const BufferLayout both = BufferLayout::make(p);

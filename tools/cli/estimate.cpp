@@ -50,8 +50,9 @@ uint64_t cpu_run_host_bytes(const Problem& p, int32_t tokens, int threads) {
   const uint64_t hardware = std::max(1u, std::thread::hardware_concurrency());
   const uint64_t workers = std::min<uint64_t>(items, threads > 0 ? static_cast<uint64_t>(threads) : hardware);
   const uint64_t shared_i = static_cast<uint64_t>(p.num_shared_experts) * i;
-  const uint64_t expert = std::max(stored_bytes(canonical_sizes(p.recipe, p.hidden, p.intermediate)),
-                                   2 * stored_bytes(canonical_sizes(p.recipe, p.hidden, static_cast<int32_t>(shared_i))));
+  uint64_t expert = stored_bytes(canonical_sizes(p.recipe, p.hidden, p.intermediate));
+  if (shared_i > 0)
+    expert = std::max(expert, 2 * stored_bytes(canonical_sizes(p.recipe, p.hidden, static_cast<int32_t>(shared_i))));
   bytes += workers * (expert + 16 * (h + 3 * std::max(i, shared_i)) * 4);
   return bytes;
 }

@@ -53,9 +53,10 @@ const char* run_usage() {
          "             (tools/check_dump.py DIR recomputes y from them)\n"
          "  --recv-capacity  routes one rank's pools hold per wave (default 0: the worst case); a wave\n"
          "             that sends some rank more is refused, with an error naming the rank\n"
-         "  --wave-tokens  tokens per rank of one wave (Problem::wave_tokens; default 0: the whole call in\n"
-         "             one wave); a smaller wave shrinks the buffer, and a call of more tokens runs\n"
-         "             in several\n";
+         "  --wave-tokens  tokens per rank of one wave (Problem::wave_tokens); a smaller wave shrinks\n"
+         "             the buffer, and a call of more tokens runs in several. Default 0: the whole\n"
+         "             call when its buffer fits 1.5 GiB, else the fewest waves that fit, but none\n"
+         "             under 512 expected rows per expert; --tokens or more: always one wave\n";
 }
 
 const char* info_usage() {
@@ -67,8 +68,10 @@ const char* info_usage() {
          "  --tokens         the most tokens per rank of one call (default: the preset's)\n"
          "  --recv-capacity  routes one rank's pools hold per wave (Problem::recv_capacity; default 0:\n"
          "                   the worst case). A wave that sends some rank more is refused on every rank.\n"
-         "  --wave-tokens    tokens per rank of one wave (Problem::wave_tokens; default 0: one wave per\n"
-         "                   call). The buffer holds one wave; a call of more tokens runs in waves.\n";
+         "  --wave-tokens    tokens per rank of one wave (Problem::wave_tokens). The buffer holds one\n"
+         "                   wave; a call of more tokens runs in waves. Default 0: the whole call when\n"
+         "                   its buffer fits 1.5 GiB, else the fewest waves that fit, but none under\n"
+         "                   512 expected rows per expert; --tokens or more: always one wave.\n";
 }
 
 const char* bench_usage() {
@@ -155,8 +158,8 @@ RunOptions parse_run(const std::vector<std::string>& args) {
 // The CPU backend refuses a wave past the receive capacity as the GPU does (which checks on the device).
 void check_recv_capacity(const Problem& problem, const std::vector<RankBatch>& batches) {
   if (problem.recv_capacity == 0) return;
-  const size_t wave_routes = static_cast<size_t>(problem.tokens_per_wave()) * static_cast<size_t>(problem.top_k);
-  for (int32_t wave = 0; wave < problem.waves_per_call(); ++wave) {
+  const size_t wave_routes = static_cast<size_t>(tokens_per_wave(problem)) * static_cast<size_t>(problem.top_k);
+  for (int32_t wave = 0; wave < waves_per_call(problem); ++wave) {
     std::vector<int64_t> received(static_cast<size_t>(problem.num_ranks), 0);
     for (const RankBatch& batch : batches) {
       const size_t begin = std::min(batch.topk_idx.size(), static_cast<size_t>(wave) * wave_routes);
@@ -208,8 +211,8 @@ int info(const InfoOptions& options) {
               format_bytes(cpu_run_host_bytes(p, p.max_tokens_per_rank, 0)).c_str());
   std::printf("symmetric buffer of one rank (%u pool rows for %u received routes, %u tokens per wave, %d %s per "
               "call):\n",
-              layout.pool_rows, layout.recv_capacity, layout.wave_tokens, p.waves_per_call(),
-              p.waves_per_call() == 1 ? "wave" : "waves");
+              layout.pool_rows, layout.recv_capacity, layout.wave_tokens, waves_per_call(p),
+              waves_per_call(p) == 1 ? "wave" : "waves");
   layout.for_each_region([](const char* name, const Region& region) {
     std::printf("  %-18s %16llu bytes %12.2f MiB\n", name, static_cast<unsigned long long>(region.bytes),
                 static_cast<double>(region.bytes) / (1 << 20));
@@ -453,7 +456,14 @@ int cli_main(const std::vector<std::string>& args) {
   if (command == "bench") return companion_main("bench", "megamoe_layer_bench", "layer", bench_usage(), rest);
   if (command == "soak") return companion_main("soak", "megamoe_soak", "soak", soak_usage(), rest);
   if (command == "info") {
-    return command_main(rest, info_usage(), true, parse_info, [](const InfoOptions& options) { return info(options); });
+    return command_main(rest, info_usage(), true, parse_info, [](const InfoOptions& options) {
+      try {
+        return info(options);
+      } catch (const std::exception& error) {
+        std::cerr << "megamoe: error: " << error.what() << "\n";
+        return kExitFailure;
+      }
+    });
   }
   if (command != "run") {
     std::cerr << "megamoe: unknown command '" << command << "' (commands: run, info, bench, soak, help)\n";
