@@ -66,7 +66,8 @@ double hbm_read_us(const void* data, uint64_t bytes, cudaStream_t stream, const 
 // GEMM streaming those tiles could reach at best, which the same-bytes read (a flat, sequential
 // read) does not show.
 double tile_stream_us(const void* weights, uint64_t rows, uint64_t row_bytes, std::span<const uint32_t> tile_rows,
-                      cudaStream_t stream, const L2Flush& flush, int repeats = 10, int warmups = 2);
+                      cudaStream_t stream, const L2Flush& flush, int repeats = 10, int warmups = 2,
+                      uint32_t box_bytes = 128);
 
 // Device-to-device copy of 1 GiB, counting bytes read plus written.
 double hbm_copy_gbps();

@@ -14,11 +14,11 @@
 namespace megamoe::bench {
 namespace {
 
-// The weights_on_m decode configs' stage: 256 weight rows x 128 bytes of K, the 128-byte swizzle.
+// The weights_on_m decode configs' stage: 256 weight rows x a box of K bytes (128 for fp8 and BF16's K
+// blocks, 64 for fp8_fp4's packed ones), through a ring of 192 KiB (the fp8 decode configs' six
+// 32 KiB stages), so that both box widths keep the same bytes in flight.
 constexpr uint32_t kTileRows = 256;
-constexpr uint32_t kBoxBytes = 128;
-constexpr uint32_t kStageBytes = kTileRows * kBoxBytes;
-constexpr uint32_t kStages = 6;  // the fp8 decode configs' ring depth
+constexpr uint32_t kRingBytes = 6 * kTileRows * 128;
 constexpr uint64_t kWaitTimeoutNs = 5'000'000'000ull;
 
 struct StreamParams {
@@ -43,7 +43,10 @@ __device__ __forceinline__ void wait_phase(uint64_t* barrier, uint32_t parity, c
 
 // Warp 0's lane 0 streams this CTA's share of the (tile, K block) boxes into the ring; warp 1 releases
 // each stage once it is full. The boxes are split evenly over the grid, across tile boundaries.
+template <uint32_t kBoxBytes>
 __global__ void __launch_bounds__(64, 1) tile_stream_kernel(const __grid_constant__ StreamParams params) {
+  constexpr uint32_t kStageBytes = kTileRows * kBoxBytes;
+  constexpr uint32_t kStages = kRingBytes / kStageBytes;
   extern __shared__ __align__(1024) uint8_t ring[];
   __shared__ uint64_t full[kStages], empty[kStages];
   const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -87,8 +90,9 @@ __global__ void __launch_bounds__(64, 1) tile_stream_kernel(const __grid_constan
 }  // namespace
 
 double tile_stream_us(const void* weights, uint64_t rows, uint64_t row_bytes, std::span<const uint32_t> tile_rows,
-                      cudaStream_t stream, const L2Flush& flush, int repeats, int warmups) {
-  require(row_bytes % kBoxBytes == 0, "row_bytes", "must be a multiple of ", kBoxBytes, ", got ", row_bytes);
+                      cudaStream_t stream, const L2Flush& flush, int repeats, int warmups, uint32_t box_bytes) {
+  require(box_bytes == 128 || box_bytes == 64, "box_bytes", "must be 128 or 64, got ", box_bytes);
+  require(row_bytes % box_bytes == 0, "row_bytes", "must be a multiple of ", box_bytes, ", got ", row_bytes);
   require(!tile_rows.empty(), "tile_rows", "must name at least one tile");
   for (const uint32_t first : tile_rows)
     require(first + uint64_t{kTileRows} <= rows, "tile_rows", "tile at row ", first, " ends past the ", rows, " rows");
@@ -97,20 +101,22 @@ double tile_stream_us(const void* weights, uint64_t rows, uint64_t row_bytes, st
   cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "multiprocessor count");
   StreamParams params{};
   params.weights = gemm::make_tensor_map_2d(weights, CU_TENSOR_MAP_DATA_TYPE_UINT8, row_bytes, rows, row_bytes,
-                                            kBoxBytes, kTileRows, CU_TENSOR_MAP_SWIZZLE_128B, "tile_stream weights");
+                                            box_bytes, kTileRows,
+                                            box_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                                            "tile_stream weights");
   uint32_t* device_tile_rows = nullptr;
   cuda_ok(cudaMalloc(&device_tile_rows, tile_rows.size_bytes()), "cudaMalloc(tile rows)");
   cuda_ok(cudaMemcpy(device_tile_rows, tile_rows.data(), tile_rows.size_bytes(), cudaMemcpyHostToDevice),
           "copy tile rows");
   params.tile_rows = device_tile_rows;
   params.tiles = static_cast<uint32_t>(tile_rows.size());
-  params.k_blocks = static_cast<uint32_t>(row_bytes / kBoxBytes);
-  constexpr uint32_t kRingBytes = kStages * kStageBytes;
-  cuda_ok(cudaFuncSetAttribute(tile_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes),
+  params.k_blocks = static_cast<uint32_t>(row_bytes / box_bytes);
+  const auto kernel = box_bytes == 128 ? tile_stream_kernel<128> : tile_stream_kernel<64>;
+  cuda_ok(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes),
           "cudaFuncSetAttribute(tile_stream shared memory)");
   const double us = time_cold_us(
       [&] {
-        tile_stream_kernel<<<sms, 64, kRingBytes, stream>>>(params);
+        kernel<<<sms, 64, kRingBytes, stream>>>(params);
         cuda_ok(cudaGetLastError(), "tile_stream launch");
       },
       stream, flush, repeats, warmups);

@@ -284,7 +284,7 @@ int main(int argc, char** argv) {
                                        stream, flush, repeats, 2)
                          : 0.0;
               // The active experts' weight tiles streamed with no math, split evenly over the grid.
-              double tile_stream = 0.0;
+              double tile_stream = 0.0, packed_stream = 0.0;
               if (decode) {
                 std::vector<uint32_t> tile_rows;
                 for (uint32_t e = 0; e < experts; ++e)
@@ -292,6 +292,10 @@ int main(int argc, char** argv) {
                 const uint64_t row_bytes = packed ? stage.k / 2 : uint64_t{stage.k} * element_bytes;
                 tile_stream = tile_stream_us(weights, uint64_t{max_experts} * stage.n_out, row_bytes, tile_rows, stream,
                                              flush, repeats, 2);
+                // The same tiles in the packed decode stages' boxes: 64 bytes (one K block) per row.
+                if (packed)
+                  packed_stream = tile_stream_us(weights, uint64_t{max_experts} * stage.n_out, row_bytes, tile_rows,
+                                                 stream, flush, repeats, 2, 64);
               }
               const double tflops = flops / (us * 1e-6) / 1e12;
               const double weight_gbps = weight_bytes / (us * 1e-6) / 1e9;
@@ -314,6 +318,10 @@ int main(int argc, char** argv) {
                 row.emplace_back("weight_gbps_vs_same_bytes_read", same_bytes_read_us / us);
                 row.emplace_back("tile_stream_us", tile_stream);
                 row.emplace_back("weight_gbps_vs_tile_stream", tile_stream / us);
+                if (packed) {
+                  row.emplace_back("packed_stage_stream_us", packed_stream);
+                  row.emplace_back("weight_gbps_vs_packed_stage_stream", packed_stream / us);
+                }
               } else {
                 row.emplace_back("dense_same_shape_tflops", same_shape_tflops);
                 row.emplace_back("tflops_vs_dense_same_shape", tflops / same_shape_tflops);
