@@ -49,16 +49,17 @@ def test_problem_round_trip():
 
 def test_recv_capacity_bounds_the_buffer():
     worst = megamoe.preset_problem("deepseek-v3", num_ranks=8, max_tokens_per_rank=8192)
+    worst.wave_tokens = 8192  # one wave
     assert worst.recv_capacity == 0 and worst.mean_recv_routes == 8192 * 8
     bounded = megamoe.make_problem(num_experts=256, top_k=8, hidden=7168, intermediate=2048,
                                    max_tokens_per_rank=8192, num_ranks=8, num_shared_experts=1,
-                                   recv_capacity=2 * worst.mean_recv_routes)
+                                   wave_tokens=8192, recv_capacity=2 * worst.mean_recv_routes)
     assert bounded.recv_capacity == 131072
     assert bounded.buffer_bytes < 0.4 * worst.buffer_bytes
     assert "recv_capacity=131072" in bounded.describe()
     assert bounded.fingerprint() != megamoe.make_problem(
         num_experts=256, top_k=8, hidden=7168, intermediate=2048, max_tokens_per_rank=8192, num_ranks=8,
-        num_shared_experts=1).fingerprint()
+        num_shared_experts=1, wave_tokens=8192).fingerprint()
     with pytest.raises(ValueError, match="recv_capacity"):
         megamoe.make_problem(num_experts=8, top_k=2, hidden=256, intermediate=256, max_tokens_per_rank=16,
                              recv_capacity=-1)
