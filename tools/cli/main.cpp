@@ -213,6 +213,19 @@ int info(const InfoOptions& options) {
               "call):\n",
               layout.pool_rows, layout.recv_capacity, layout.wave_tokens, waves_per_call(p),
               waves_per_call(p) == 1 ? "wave" : "waves");
+  if (p.wave_tokens == 0) {
+    // Why the default wave is what it is (tokens_per_wave in layout.h).
+    const double gib = double(1ull << 30);
+    const uint64_t whole = BufferLayout::make(p, p.max_tokens_per_rank).total_bytes;
+    if (waves_per_call(p) > 1)
+      std::printf("default wave: the whole call would take %.2f GiB, over the %.2f GiB default (--wave-tokens %d: one "
+                  "wave)\n",
+                  whole / gib, kDefaultBufferBytes / gib, p.max_tokens_per_rank);
+    if (layout.total_bytes > kDefaultBufferBytes)
+      std::printf("default wave: over the %.2f GiB default, since smaller waves would expect fewer than %llu rows per "
+                  "routed expert\n",
+                  kDefaultBufferBytes / gib, static_cast<unsigned long long>(kMinWaveRowsPerExpert));
+  }
   layout.for_each_region([](const char* name, const Region& region) {
     std::printf("  %-18s %16llu bytes %12.2f MiB\n", name, static_cast<unsigned long long>(region.bytes),
                 static_cast<double>(region.bytes) / (1 << 20));
