@@ -340,10 +340,8 @@ MEGAMOE_HD int32_t tokens_per_wave(const Problem& p) {
   worst.recv_capacity = 0;
   // Waves of ceil(all / n) tokens; the buffer shrinks as n grows. The most waves whose waves still
   // hold `floor` tokens: ceil(all / n) >= floor while n (floor - 1) < all. Binary search for the
-  // fewest that fit.
+  // fewest that fit; when none does, it ends at the most.
   int32_t fewest = 1, most = floor > 1 ? (all - 1) / (floor - 1) : all;
-  if (BufferLayout::make(worst, static_cast<int32_t>(ceil_div(all, most))).total_bytes > kDefaultBufferBytes)
-    return static_cast<int32_t>(ceil_div(all, most));
   while (fewest < most) {
     const int32_t waves = fewest + (most - fewest) / 2;
     if (BufferLayout::make(worst, static_cast<int32_t>(ceil_div(all, waves))).total_bytes <= kDefaultBufferBytes)

@@ -283,7 +283,8 @@ void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w,
   require(options.trace.empty() || options.schedule == Schedule::fused, "options.trace",
           "is the fused schedule's event log; the staged schedule takes none");
   const int64_t wave_tokens = tokens_per_wave(p);
-  for (int32_t wave = 0; wave < waves_per_call(p); ++wave) {
+  const int32_t waves = waves_per_call(p);
+  for (int32_t wave = 0; wave < waves; ++wave) {
     const int64_t begin = std::min<int64_t>(in.num_tokens, wave * wave_tokens);
     const int64_t count = std::min<int64_t>(in.num_tokens - begin, wave_tokens);
     LayerInputs part = in;
