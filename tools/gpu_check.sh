@@ -121,7 +121,9 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], '*.json'))):
     tree = os.path.basename(path)[:-5].rsplit('-r', 1)[0]
     for row in json.load(open(path)).get('rows', []):
         key = (row['recipe'], row['stage'], row['experts'], row['tokens_per_expert'], row['routing'])
-        ratios[key][tree].append(row['tflops_vs_dense_same_shape'])
+        # Prefill rows: TFLOP/s over same-shape plain GEMM; decode rows: weight GB/s over the HBM copy rate.
+        ratio = row.get('tflops_vs_dense_same_shape') or row.get('weight_gbps_vs_hbm_copy')
+        if ratio is not None: ratios[key][tree].append(ratio)
 for key in sorted(ratios, key=str):
     print(*key, ' | '.join(f'{tree} ' + ' '.join(f'{v:.3f}' for v in vs) for tree, vs in ratios[key].items()))
 medians = collections.defaultdict(list)

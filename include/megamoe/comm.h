@@ -75,7 +75,9 @@ int run_ranks(int32_t num_ranks, LaunchMode mode, const std::function<void(Commu
 // The symmetric buffer of one Problem. Creating it is collective: every rank constructs one with the
 // same problem; the ranks exchange fingerprints and all throw megamoe::Error naming the differing
 // fields when they disagree. The buffer is zeroed and all ranks synchronized before the constructor
-// returns; the destructor frees everything (also collective).
+// returns; the destructor frees everything (also collective). It first waits for the calls in flight:
+// on a NCCL rank, all work on its device (calls may run on any stream); on an emulated rank, the
+// communicator's stream only, so an emulated rank's calls on other streams must be waited for first.
 class SymmBuffer {
  public:
   SymmBuffer(Communicator& comm, const Problem& problem);

@@ -186,8 +186,15 @@ SymmBuffer::~SymmBuffer() {
     return;
   }
   try {
-    // No peer may still be using this rank's buffer, nor this rank a peer's.
-    MEGAMOE_CHECK_CUDA(cudaStreamSynchronize(comm_.stream()));
+    // No peer may still be using this rank's buffer, nor this rank a peer's. Calls may run on any of
+    // the caller's streams, and ncclMemFree unmaps the memory without waiting for them: a NCCL rank
+    // waits for its whole device. An emulated rank waits for its own stream only (another rank's
+    // kernels on the same device may still wait for this one's), and frees in stream order.
+    if (impl_->nccl) {
+      MEGAMOE_CHECK_CUDA(cudaDeviceSynchronize());
+    } else {
+      MEGAMOE_CHECK_CUDA(cudaStreamSynchronize(comm_.stream()));
+    }
     comm_.barrier();
     if (impl_->window != nullptr) {
       MEGAMOE_CHECK_NCCL(ncclCommWindowDeregister(comm_.nccl(), impl_->window), comm_.nccl());

@@ -275,16 +275,20 @@ __device__ __forceinline__ void expand_a_fragments(const SharedStorage<Config>& 
   constexpr uint32_t kRawRowBytes = Config::kBlockK / 2;
   const uint8_t* codes = smem.raw_weights(stage) + row * kRawRowBytes + 4 * (lane % 4);
   const uint32_t phase = row / 2 % 4;
-  const uint32_t shifts[2] = {*reinterpret_cast<const uint32_t*>(smem.raw_shifts(stage) + 4 * row),
-                              *reinterpret_cast<const uint32_t*>(smem.raw_shifts(stage) + 4 * (row + 8))};
+  // Each row's four shifts (at most kMaxE2M1Shift: no byte carries into the next) as byte offsets
+  // into the tables (8 bytes each): one shift per row here instead of one address computation per group.
+  static_assert(kMaxE2M1Shift * sizeof(uint2) < 256, "a table offset fits its byte");
+  const uint32_t offsets[2] = {*reinterpret_cast<const uint32_t*>(smem.raw_shifts(stage) + 4 * row) << 3,
+                               *reinterpret_cast<const uint32_t*>(smem.raw_shifts(stage) + 4 * (row + 8)) << 3};
+  const char* tables = reinterpret_cast<const char*>(smem.e2m1_tables());
 #pragma unroll
   for (uint32_t g = 0; g < 4; ++g)
 #pragma unroll
     for (uint32_t h = 0; h < 2; ++h) {
       const uint32_t word = *reinterpret_cast<const uint32_t*>(codes + 8 * kRawRowBytes * h + 16 * (g ^ phase));
       // Byte g, zero-extended, by one PRMT. Rows past the tensor's end keep an earlier stage's shifts
-      // (init_pipeline zeroes them first, so they are always table indices) and have zero codes.
-      const uint2 table = smem.e2m1_tables()[__byte_perm(shifts[h], 0, 0x4440 + g)];
+      // (init_pipeline zeroes them first, so they are always valid offsets) and have zero codes.
+      const uint2 table = *reinterpret_cast<const uint2*>(tables + __byte_perm(offsets[h], 0, 0x4440 + g));
       const E2M1Table lookup{table.x, table.y};
       a[g][h] = expand_e2m1_low(word, lookup);
       a[g][2 + h] = expand_e2m1_high(word, lookup);
