@@ -96,8 +96,8 @@ class Buffer:
     :meth:`check_device_error` raises on every rank. ``wave_tokens`` (default: the problem's, 0 = chosen
     from the buffer size, see :func:`megamoe.make_problem`) sizes the buffer for that many tokens per
     rank: a larger call runs in waves, every rank running every wave, and the input tensors below are
-    then ordinary device tensors of max tokens rows (the symmetric ones hold one wave). ``activation_scales`` says how ``x_sf`` holds the
-    activation scales of the fp8 recipes:
+    then ordinary device tensors of max tokens rows (the symmetric ones hold one wave).
+    ``activation_scales`` says how ``x_sf`` holds the activation scales of the fp8 recipes:
     ``"block"``: float32 [tokens, hidden / 128], one scale per 1x128 (the library's own format, read in
     place); ``"mx"`` (fp8_fp4 only): DeepGEMM's recipe (1, 1, 32), UE8M0 per 32 packed four to an int32
     [tokens, hidden / 128], converted on the GPU at each call (``megamoe/mx.h``: exact wherever the
