@@ -31,6 +31,7 @@
 #include "megamoe/device_weights.h"
 #include "megamoe/error.h"
 #include "megamoe/formats.h"
+#include "megamoe/layout.h"
 #include "megamoe/layer.h"
 
 namespace megamoe::bench {
@@ -179,6 +180,7 @@ struct BenchData {
   uint64_t seed = 1;
   int32_t repeats = 10;
   std::vector<Schedule> schedules;
+  bool inputs_in_buffer = false;
   std::string trace_dir;  // empty: no event logs
 };
 
@@ -358,6 +360,18 @@ void check_baseline(Communicator& comm, const BenchData& data, RankMeasures& res
           "; not timing a broken baseline");
 }
 
+// The buffer's input views (buffer_input_views) holding a copy of `batch`'s x, x scales and route weights.
+LayerInputs copy_into_buffer(SymmBuffer& buffer, const LayerInputs& batch, cudaStream_t stream) {
+  const LayerInputs in = buffer_input_views(buffer, batch.num_tokens, batch.topk_idx);
+  for (const auto& [to, from] : {std::pair{in.x, batch.x}, std::pair{in.x_scales, batch.x_scales},
+                                 std::pair{in.topk_weights, batch.topk_weights}}) {
+    if (from.numel() == 0) continue;
+    MEGAMOE_CHECK_CUDA(cudaMemcpyAsync(to.data, from.data, static_cast<size_t>(from.bytes()), cudaMemcpyDeviceToDevice,
+                                       stream));
+  }
+  return in;
+}
+
 void bench_rank(Communicator& comm, const BenchData& data, const SharedArray<RankMeasures>& measures,
                 const SharedArray<RankMeasures>& checks) {
   const int32_t rank = comm.rank();
@@ -383,7 +397,10 @@ void bench_rank(Communicator& comm, const BenchData& data, const SharedArray<Ran
   comm.barrier();  // every rank has allocated before any rank launches
 
   for (size_t s = 0; s < data.batches.size(); ++s) {
-    const LayerInputs& in = inputs[s]->inputs();
+    const LayerInputs& batch = inputs[s]->inputs();
+    // The calls' inputs: the batch itself, or its copy in the buffer's input regions (made once, here;
+    // the calls read those regions and never write them).
+    const LayerInputs in = data.inputs_in_buffer ? copy_into_buffer(buffer, batch, stream) : batch;
     const TensorView fused_out = y_view(fused_y, in.num_tokens, p.hidden);
     RankMeasures m;
     // Each schedule eager and as a replayed graph (decode engines replay captured graphs; neither
@@ -457,7 +474,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 const char* bench_usage() {
   return "  megamoe bench --preset NAME [--ranks R] [--tokens LIST] [--recipe fp8|fp8_fp4|bf16]\n"
          "                [--routing uniform|zipf] [--schedule staged,fused] [--seed S] [--repeats N]\n"
-         "                [--trace DIR] --out FILE\n"
+         "                [--inputs copied|buffer] [--trace DIR] --out FILE\n"
          "\n"
          "Times the whole layer and an unfused baseline (NCCL all-to-all, cuBLASLt per-expert GEMMs and\n"
          "permute/SwiGLU/combine kernels) for each token count, with floors from ceilings measured in\n"
@@ -467,6 +484,9 @@ const char* bench_usage() {
          "  --tokens   tokens per rank, comma-separated (default 1,8,128,512,2048,8192)\n"
          "  --schedule which schedules to time, comma-separated (default staged,fused; rows per schedule)\n"
          "  --repeats  timed calls per size; the median is reported (default 10)\n"
+         "  --inputs   where the calls read x, its scales and the route weights: copied (default: from\n"
+         "             separate tensors, which each call copies into the buffer) or buffer (from the\n"
+         "             buffer's own input regions, written once before the timed calls)\n"
          "  --trace    after each size, one more fused call with its event log, written to\n"
          "             DIR/trace-<tokens>-r<rank>.json (tools/plot_trace.py draws it)\n"
          "  --out      the JSON results file (its directory must exist)\n";
@@ -474,7 +494,7 @@ const char* bench_usage() {
 
 BenchOptions parse_bench(const std::vector<std::string>& args) {
   const Flags flags(args, {"--preset", "--ranks", "--tokens", "--recipe", "--routing", "--seed", "--repeats",
-                           "--schedule", "--trace", "--out"});
+                           "--schedule", "--inputs", "--trace", "--out"});
   BenchOptions options;
   options.command = "megamoe bench";
   for (const std::string& arg : args) options.command += " " + arg;
@@ -504,6 +524,10 @@ BenchOptions parse_bench(const std::vector<std::string>& args) {
   options.schedules = parse_list<Schedule>(
       flags, "--schedule", options.schedules, "staged and fused",
       [](const std::string& item, Schedule& value) { return parse_schedule(item, value); });
+  if (auto text = flags.value("--inputs")) {
+    require(*text == "copied" || *text == "buffer", "--inputs", "must be copied or buffer, got '", *text, "'");
+    options.inputs_in_buffer = *text == "buffer";
+  }
   if (auto text = flags.value("--seed")) options.seed = parse_number<uint64_t>("--seed", *text, 0, UINT64_MAX);
   if (auto text = flags.value("--repeats")) options.repeats = parse_number<int32_t>("--repeats", *text, 1, 10000);
   if (auto text = flags.value("--trace")) {
@@ -517,6 +541,9 @@ BenchOptions parse_bench(const std::vector<std::string>& args) {
           "' does not exist");
   options.out = *out;
   validate(options.problem);
+  require(!options.inputs_in_buffer || tokens_per_wave(options.problem) >= options.problem.max_tokens_per_rank,
+          "--inputs", "buffer holds one wave of inputs (", tokens_per_wave(options.problem),
+          " tokens per rank for this problem), but --tokens asks for up to ", options.problem.max_tokens_per_rank);
   return options;
 }
 
@@ -653,6 +680,7 @@ void run_bench(const BenchOptions& options) {
   data.seed = options.seed;
   data.repeats = options.repeats;
   data.schedules = options.schedules;
+  data.inputs_in_buffer = options.inputs_in_buffer;
   data.trace_dir = options.trace_dir;
   data.with_baseline = with_baseline;
   for (int32_t tokens : options.tokens) {
@@ -755,6 +783,7 @@ void run_bench(const BenchOptions& options) {
                              {"ranks", static_cast<long long>(ranks)},
                              {"tokens_per_rank", static_cast<long long>(tokens)},
                              {"schedule", std::string(to_string(schedule))},
+                             {"inputs", std::string(options.inputs_in_buffer ? "buffer" : "copied")},
                              {"launches_per_call", static_cast<long long>(launches)},
                              {"buffer_bytes", static_cast<long long>(buffer_bytes)},
                              {"mode", std::string(emulated ? "emulated" : "processes")},

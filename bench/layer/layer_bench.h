@@ -26,6 +26,10 @@ struct BenchOptions {
   uint64_t seed = 1;
   int32_t repeats = 10;
   std::vector<Schedule> schedules = {Schedule::staged, Schedule::fused};  // each timed, in the same rounds
+  // --inputs buffer: the calls read x, its scales and the route weights from the buffer's own input
+  // regions (buffer_input_views), as an engine that writes them there does; copied: from separate
+  // tensors, which each call first copies into those regions.
+  bool inputs_in_buffer = false;
   std::string out;      // the JSON results file
   std::string trace_dir;  // --trace: one fused call's event log per size and rank, as JSON, here
   std::string command;  // the command line, for the report

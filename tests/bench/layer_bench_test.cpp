@@ -74,6 +74,19 @@ TEST(BenchFlags, MistakesNameTheirFlag) {
   expect_names({"--preset", "tiny", "--out", "layer.json", "--seed"}, "--seed");
   expect_names({"--preset", "tiny", "--out", "a.json", "--out", "b.json"}, "--out");
   expect_names({"--preset", "tiny", "--out", "layer.json", "--trace", "/no/such/directory"}, "--trace");
+  expect_names({"--preset", "tiny", "--out", "layer.json", "--inputs", "pinned"}, "--inputs");
+}
+
+TEST(BenchFlags, InputsAreCopiedUnlessToldBuffer) {
+  EXPECT_FALSE(parse_bench({"--preset", "tiny", "--out", "layer.json"}).inputs_in_buffer);
+  EXPECT_FALSE(parse_bench({"--preset", "tiny", "--out", "layer.json", "--inputs", "copied"}).inputs_in_buffer);
+  EXPECT_TRUE(parse_bench({"--preset", "tiny", "--out", "layer.json", "--inputs", "buffer"}).inputs_in_buffer);
+  // DeepSeek-V3 at 8 ranks x 8192 tokens runs four waves by default: its inputs do not fit the buffer's regions.
+  expect_names({"--preset", "deepseek-v3", "--ranks", "8", "--tokens", "8192", "--inputs", "buffer", "--out", "l.json"},
+               "--inputs");
+  EXPECT_TRUE(parse_bench({"--preset", "deepseek-v3", "--ranks", "8", "--tokens", "2048", "--inputs", "buffer", "--out",
+                           "l.json"})
+                  .inputs_in_buffer);
 }
 
 TEST(BenchFlags, TraceNamesAnExistingDirectory) {
