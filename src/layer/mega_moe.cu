@@ -248,7 +248,8 @@ void run_fused(const CallPlan& c, const LayerWeights& w, const CallOptions& opti
   f.plan = fused::make_unit_plan({c.tokens, static_cast<uint32_t>(p.top_k), static_cast<uint32_t>(c.grid),
                                   c.routed_tile.block_n, c.shared ? 2 * shared_intermediate / 256 : 0,
                                   c.shared ? (static_cast<uint32_t>(p.hidden) + 255) / 256 : 0,
-                                  c.routed_tile.layout == gemm::TileLayout::tokens_on_m});
+                                  c.routed_tile.layout == gemm::TileLayout::tokens_on_m,
+                                  static_cast<uint32_t>(p.hidden) / 8});
   f.overlapped_launch = c.overlap;
   if (!options.trace.empty()) {
     require(fused::kFusedTrace, "options.trace",

@@ -55,7 +55,7 @@ TEST(FusedUnits, TokenAndRowRangesCoverEverythingOnce) {
       std::vector<int> seen(tokens, 0);
       const uint32_t units = (tokens + per_unit - 1) / per_unit;
       for (uint32_t u = 0; u < units + 1; ++u) {  // one past the last is empty
-        const TokenRange r = unit_tokens(u, per_unit, tokens);
+        const UnitRange r = unit_range(u, per_unit, tokens);
         ASSERT_LE(r.begin, r.end);
         for (uint32_t t = r.begin; t < r.end; ++t) ++seen[t];
       }
@@ -66,7 +66,7 @@ TEST(FusedUnits, TokenAndRowRangesCoverEverythingOnce) {
     for (uint32_t units : {1u, 3u, 528u}) {
       uint32_t next = 0;
       for (uint32_t u = 0; u < units; ++u) {
-        const TokenRange r = pull_rows(u, units, rows);
+        const UnitRange r = pull_rows(u, units, rows);
         ASSERT_EQ(r.begin, next) << rows << " rows, unit " << u;  // contiguous, in order
         ASSERT_LE(r.begin, r.end);
         next = r.end;
@@ -78,7 +78,7 @@ TEST(FusedUnits, TokenAndRowRangesCoverEverythingOnce) {
 
 TEST(FusedUnits, PlanSizesUnitsFromTheCall) {
   // DeepSeek-V3's shape at 8192 tokens, 132 CTAs, 128-token tiles, one shared expert.
-  const UnitPlan big = make_unit_plan({8192, 8, 132, 128, 2048 * 2 / 256, 7168 / 256, true});
+  const UnitPlan big = make_unit_plan({8192, 8, 132, 128, 2048 * 2 / 256, 7168 / 256, true, 7168 / 8});
   EXPECT_EQ(big.tokens_per_send, 63u);  // ceil(8192 / 132)
   EXPECT_EQ(big.send_units, 131u);
   EXPECT_EQ(big.shared_l1_units, 64u * 16u);
@@ -109,21 +109,43 @@ TEST(FusedUnits, PlanSizesUnitsFromTheCall) {
   EXPECT_EQ(make_unit_plan({8, 8, 132, 16, 0, 0}).pull_units, 64u);      // a row each
   EXPECT_EQ(make_unit_plan({128, 8, 132, 64, 0, 0}).pull_units, 132u);   // one per CTA, 8 rows each
   EXPECT_EQ(make_unit_plan({128, 8, 132, 64, 16, 28}).pull_units, 132u);
-  EXPECT_EQ(big.tokens_per_combine, 32u);  // ceil(8192 / 264)
+  EXPECT_EQ(big.vectors_per_combine, 32u * 896u);  // whole tokens: ceil(8192 / 264)
   EXPECT_EQ(big.combine_units, 256u);
-  // One token: one of each, and the shared experts' tiles.
-  const UnitPlan one = make_unit_plan({1, 8, 132, 16, 16, 28});
+  // One token: one send unit, a pull unit per row, the shared experts' tiles, and its 896 output
+  // vectors as four combine units of at most one vector per math thread.
+  const UnitPlan one = make_unit_plan({1, 8, 132, 16, 16, 28, false, 7168 / 8});
   EXPECT_EQ(one.send_units, 1u);
   EXPECT_EQ(one.pull_units, 8u);  // a row each, on eight CTAs
   EXPECT_FALSE(one.bulk_pulls);
   EXPECT_EQ(one.shared_l1_units, 16u);
-  EXPECT_EQ(one.combine_units, 1u);
+  EXPECT_EQ(one.vectors_per_combine, kCombineUnitVectors);
+  EXPECT_EQ(one.combine_units, 4u);
+  EXPECT_EQ(make_unit_plan({8, 8, 132, 16, 16, 28, false, 7168 / 8}).combine_units, 28u);
+  EXPECT_EQ(make_unit_plan({128, 8, 132, 64, 16, 28, false, 7168 / 8}).combine_units, 132u);  // 869 vectors each
+  EXPECT_EQ(make_unit_plan({300, 8, 132, 128, 16, 28, true, 7168 / 8}).vectors_per_combine, 2u * 896u);
   // No tokens: still one send unit (it publishes the counts) and one pull unit (rows may arrive).
-  const UnitPlan none = make_unit_plan({0, 8, 132, 16, 0, 0});
+  const UnitPlan none = make_unit_plan({0, 8, 132, 16, 0, 0, false, 7168 / 8});
   EXPECT_EQ(none.send_units, 1u);
   EXPECT_EQ(none.pull_units, 1u);
   EXPECT_EQ(none.combine_units, 0u);
   EXPECT_EQ(none.shared_l1_units, 0u);
+}
+
+TEST(FusedUnits, CombineUnitsCoverEveryOutputVectorOnce) {
+  for (uint32_t hidden_vectors : {360u, 896u}) {  // gpt-oss-120b's and DeepSeek-V3's rows
+    for (uint32_t tokens : {0u, 1u, 3u, 8u, 300u, 8192u}) {
+      const UnitPlan plan = make_unit_plan({tokens, 4, 132, 16, 0, 0, false, hidden_vectors});
+      const uint32_t vectors = tokens * hidden_vectors;
+      ASSERT_LE(plan.combine_units, 2u * 132u + 1u) << tokens << " tokens";
+      std::vector<int> seen(vectors, 0);
+      for (uint32_t u = 0; u < plan.combine_units; ++u) {
+        const UnitRange r = unit_range(u, plan.vectors_per_combine, vectors);
+        ASSERT_LT(r.begin, r.end) << "combine unit " << u << " of " << plan.combine_units << " is empty";
+        for (uint32_t v = r.begin; v < r.end; ++v) ++seen[v];
+      }
+      for (uint32_t v = 0; v < vectors; ++v) ASSERT_EQ(seen[v], 1) << tokens << " tokens, vector " << v;
+    }
+  }
 }
 
 TEST(FusedUnits, RoutedTailSplitsInItsLinearsLastWave) {

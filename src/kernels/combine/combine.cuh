@@ -35,21 +35,21 @@ __device__ __forceinline__ void add_bf16x8(float (&sum)[8], const uint4& packed)
   }
 }
 
-// One thread per 16 bytes (8 features) of a token's output, so that even a single token spreads over
-// the threads. A thread loads a round of slots together with the route ids that say which of them were
-// written (a round holds DeepSeek-V3's eight routed slots and its shared one), so that a token waits
-// for one round trip to memory, where loading the ids first and then the slots four at a time took
-// four. Combines tokens [token_begin, token_end), thread `thread` of `threads`.
-__device__ inline void combine_tokens(const CombineArgs& a, uint32_t token_begin, uint32_t token_end, uint64_t thread,
-                               uint64_t threads) {
+// One thread per 16-byte output vector (8 features of a token's row), so that even a single token
+// spreads over the threads. A thread loads a round of slots together with the route ids that say which
+// of them were written (a round holds DeepSeek-V3's eight routed slots and its shared one), so that a
+// vector waits for one round trip to memory, where loading the ids first and then the slots four at a
+// time took four. Combines output vectors [vector_begin, vector_end), numbered token-major
+// (token * hidden / 8 + vector), as thread `thread` of `threads`.
+__device__ inline void combine_vectors(const CombineArgs& a, uint64_t vector_begin, uint64_t vector_end,
+                                       uint64_t thread, uint64_t threads) {
   constexpr uint32_t kSlotsInFlight = 9;
   const uint32_t top_k = static_cast<uint32_t>(a.top_k);
   const uint32_t slots_per_token = top_k + 1;
   const uint32_t vectors = static_cast<uint32_t>(a.hidden) / 8;
-  const uint64_t items_end = uint64_t{token_end} * vectors;
   const uint4* slots = reinterpret_cast<const uint4*>(a.slots);
   uint4* y = reinterpret_cast<uint4*>(a.y);
-  for (uint64_t item = uint64_t{token_begin} * vectors + thread; item < items_end; item += threads) {
+  for (uint64_t item = vector_begin + thread; item < vector_end; item += threads) {
     const uint32_t token = static_cast<uint32_t>(item / vectors);
     const uint32_t vector = static_cast<uint32_t>(item % vectors);
     const uint4* token_slots = slots + uint64_t{token} * slots_per_token * vectors + vector;

@@ -14,8 +14,8 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineA
   if (device::rank_timed_out(a.control) ||
       device::call_refused(a.control, a.rank, blockIdx.x == 0 && threadIdx.x == 0))
     return;
-  combine_tokens(a, 0, static_cast<uint32_t>(a.num_tokens), blockIdx.x * uint64_t{blockDim.x} + threadIdx.x,
-                 uint64_t{gridDim.x} * blockDim.x);
+  combine_vectors(a, 0, uint64_t(a.num_tokens) * static_cast<uint32_t>(a.hidden) / 8,
+                  blockIdx.x * uint64_t{blockDim.x} + threadIdx.x, uint64_t{gridDim.x} * blockDim.x);
 }
 
 }  // namespace megamoe::combine

@@ -393,7 +393,7 @@ __device__ bool run_pull(const FusedScheduler<Config>& s, uint32_t index, uint32
     if (lane == 0) *s.pull_segments_built() = 1;
     __syncwarp();
   }
-  const TokenRange rows = pull_rows(index, s.plan().pull_units, segment_begin[segments.num_segments]);
+  const UnitRange rows = pull_rows(index, s.plan().pull_units, segment_begin[segments.num_segments]);
   uint32_t* rows_pulled = s.counters().rows_pulled;
   // The L1 tiles read the rows through the async proxy once their expert's count is complete.
   static_assert(kPullAreaBytes<Config> >= kPullSegmentBytes + 2 * 1024, "the pulls' bounce area");
@@ -518,7 +518,7 @@ inline constexpr int kDispatchPullUnroll = 4;
 template <class Config>
 __device__ void run_send(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread) {
   const dispatch::DispatchArgs& a = s.params.dispatch;
-  const TokenRange tokens = unit_tokens(index, s.plan().tokens_per_send, static_cast<uint32_t>(a.num_tokens));
+  const UnitRange tokens = unit_range(index, s.plan().tokens_per_send, static_cast<uint32_t>(a.num_tokens));
   dispatch::stage_inputs(s.params.staged, tokens.begin, tokens.end, thread, kDispatchThreads);
   DispatchSync{}();  // the scales the shared experts' copy reads are the ones just staged
   dispatch::stage_shared_scales(a, tokens.begin, tokens.end, thread, kDispatchThreads);
@@ -550,7 +550,7 @@ __device__ void run_dispatch_pull(const FusedScheduler<Config>& s, uint32_t inde
   dispatch::build_segments(a, segment_begin, thread, kDispatchThreads, DispatchSync{}, index == 0);
   const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
   const dispatch::PoolSegments segments{segment_begin, a.layout.experts_per_rank * num_ranks, num_ranks};
-  const TokenRange rows = pull_rows(index, s.plan().pull_units, segment_begin[segments.num_segments]);
+  const UnitRange rows = pull_rows(index, s.plan().pull_units, segment_begin[segments.num_segments]);
   uint32_t* rows_pulled = s.counters().rows_pulled;
   constexpr uint32_t kWarps = kDispatchThreads / 32;
   for (uint32_t row = rows.begin + thread / 32; row < rows.end; row += kWarps) {
@@ -667,7 +667,7 @@ __device__ void math_fused(FusedScheduler<Config>& s, uint32_t math_warpgroup, u
   // follows at once (it was the last GEMM unit), since the arrival's code inside the loop held
   // registers through the mainloop.
   if (last_l2_tile) device::rank_arrive(s.view(), s.control(), s.epoch(2));
-  // Combine: each token once every rank's L2 tiles are done.
+  // Combine: each unit's output vectors once every rank's L2 tiles are done.
   const combine::CombineArgs& c = params.combine;
   for (index &= ~kEndBit; index != (gemm::kNoUnit & ~kEndBit) && s.classify(index).kind == UnitKind::combine;) {
     if (!group_flag(s.words(FusedTables::kMathFlag), math_thread, MathSync<Config>{}, [&] {
@@ -676,9 +676,9 @@ __device__ void math_fused(FusedScheduler<Config>& s, uint32_t math_warpgroup, u
         }))
       break;
     if (math_thread == 0) trace_event(s, TraceRole::math, index, UnitKind::combine, TraceWhat::ready);
-    const TokenRange tokens =
-        unit_tokens(s.classify(index).index, s.plan().tokens_per_combine, static_cast<uint32_t>(c.num_tokens));
-    combine::combine_tokens(c, tokens.begin, tokens.end, math_thread, Config::kMathThreads);
+    const UnitRange vectors = unit_range(s.classify(index).index, s.plan().vectors_per_combine,
+                                         static_cast<uint32_t>(c.num_tokens) * static_cast<uint32_t>(c.hidden) / 8);
+    combine::combine_vectors(c, vectors.begin, vectors.end, math_thread, Config::kMathThreads);
     if (math_thread == 0) trace_event(s, TraceRole::math, index, UnitKind::combine, TraceWhat::done);
     uint32_t* next = s.words(FusedTables::kMathClaim);
     gemm::math_barrier<Config>();

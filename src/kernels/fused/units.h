@@ -13,7 +13,8 @@
 //              they fill the SMs while the routed L1 tiles finish
 //   routed_l2  L2 tiles, each once the L1 tiles of its token tile are done; results go to the source
 //              ranks' combine slots
-//   combine    a range of this rank's tokens, once every rank's L2 tiles are done
+//   combine    a range of this rank's output vectors (16 bytes of a token's row), once every rank's L2
+//              tiles are done
 //
 // A unit only ever waits for units before it. Units are claimed in order and a claimed unit is held
 // by a running CTA, so every wait is on work that is done or under way: the launch completes however
@@ -50,7 +51,7 @@ struct UnitPlan {
   bool bulk_pulls = false;  // by the producer with bulk copies, or by the dispatch warps
   uint32_t shared_l2_units = 0;
   uint32_t combine_units = 0;
-  uint32_t tokens_per_combine = 1;
+  uint32_t vectors_per_combine = 1;  // 16-byte output vectors, token-major over this rank's tokens
 };
 
 // The routed experts' work units, from the received counts: tiles, or splits of the last ones.
@@ -129,21 +130,20 @@ MEGAMOE_HD UnitRef classify(const UnitPlan& plan, const RoutedUnits& routed, uin
   return {UnitKind::none, unit - first};
 }
 
-// The tokens [begin, end) of unit `index` of units that take `per_unit` tokens each.
-struct TokenRange {
+// Items [begin, end) of unit `index` of units of `per_unit` items each, over `count` items.
+struct UnitRange {
   uint32_t begin;
   uint32_t end;
 };
-MEGAMOE_HD TokenRange unit_tokens(uint32_t index, uint32_t per_unit, uint32_t num_tokens) {
+MEGAMOE_HD UnitRange unit_range(uint32_t index, uint32_t per_unit, uint32_t count) {
   const uint64_t begin = uint64_t{index} * per_unit;
   const uint64_t end = begin + per_unit;
-  return {static_cast<uint32_t>(begin < num_tokens ? begin : num_tokens),
-          static_cast<uint32_t>(end < num_tokens ? end : num_tokens)};
+  return {static_cast<uint32_t>(begin < count ? begin : count), static_cast<uint32_t>(end < count ? end : count)};
 }
 
 // Rows [begin, end) of pull unit `index` of `units` over `rows` received rows: contiguous, expert-major,
 // so the first units complete the first experts.
-MEGAMOE_HD TokenRange pull_rows(uint32_t index, uint32_t units, uint32_t rows) {
+MEGAMOE_HD UnitRange pull_rows(uint32_t index, uint32_t units, uint32_t rows) {
   return {static_cast<uint32_t>(uint64_t{index} * rows / units),
           static_cast<uint32_t>(uint64_t{index + 1} * rows / units)};
 }
@@ -157,6 +157,7 @@ struct PlanShape {
   uint32_t shared_l1_m_tiles;  // 0 without shared experts
   uint32_t shared_l2_m_tiles;
   bool tokens_on_m = false;  // the tile layout: only its kernel has the producer's bulk pulls
+  uint32_t hidden_vectors = 0;  // 16-byte vectors of a token's output row (hidden / 8)
 };
 
 // Send units: about one per CTA, so that copying the inputs spreads over the grid. Pull units, by
@@ -169,8 +170,12 @@ struct PlanShape {
 //   - otherwise the dispatch warps pull with their registers while the CTA goes on to its GEMM units:
 //     one unit per CTA or about 128 rows each, at least a row each, up to four per CTA, so that a
 //     decode pull's chain of round trips spreads over the grid.
-// Combine units: about two per CTA.
+// Combine units: about two per CTA, of whole tokens. With fewer tokens than CTAs, a unit takes at
+// least one output vector per math thread instead, so that a few tokens' rows spread over CTAs: one
+// token (DeepSeek-V3's 896 vectors) is four units of one round trip each rather than one unit of
+// four round trips, one after the other.
 inline constexpr uint32_t kBulkPullRows = 32;
+inline constexpr uint32_t kCombineUnitVectors = 256;
 inline constexpr uint32_t kBulkPullRowsBesideShared = 256;
 inline UnitPlan make_unit_plan(const PlanShape& s) {
   const auto div_up = [](uint64_t a, uint64_t b) { return static_cast<uint32_t>((a + b - 1) / b); };
@@ -188,8 +193,11 @@ inline UnitPlan make_unit_plan(const PlanShape& s) {
                     (s.shared_l1_m_tiles == 0 || rows_per_cta <= kBulkPullRowsBesideShared);
   const uint32_t spread = routes < grid ? static_cast<uint32_t>(routes) : grid;
   plan.pull_units = plan.bulk_pulls ? grid : clamp(div_up(routes, 128), spread > 1 ? spread : 1, 4 * grid);
-  plan.tokens_per_combine = clamp(div_up(s.num_tokens, 2 * grid), 1, ~0u);
-  plan.combine_units = div_up(s.num_tokens, plan.tokens_per_combine);
+  const uint64_t vectors = uint64_t{s.num_tokens} * s.hidden_vectors;
+  plan.vectors_per_combine = s.num_tokens >= grid
+                                 ? s.hidden_vectors * div_up(s.num_tokens, 2 * grid)
+                                 : clamp(div_up(vectors, grid), kCombineUnitVectors, ~0u);
+  plan.combine_units = vectors == 0 ? 0 : div_up(vectors, plan.vectors_per_combine);
   return plan;
 }
 
