@@ -9,7 +9,7 @@
 #     stress N:             issue 33's run/dump/bench sequence N times, stopping at the first failure
 #                           ($MEGAMOE: the tool, default $BUILD/megamoe; $STRESS_STREAMS sequences at
 #                           once, $STRESS_SECONDS a time limit; $STRESS_TREE: the source tree it
-#                           was built from, default .); $OUT/stress.json
+#                           was built from, default this script's checkout); $OUT/stress.json
 #   tools/gpu_check.sh trees TREE...              builds each source tree (e.g. `git archive REV | tar -x -C
 #                                                 out/ab-x`) into TREE/build at once, the machine's cores
 #                                                 shared: the megamoe tool and the layer bench ($TARGETS:
@@ -374,6 +374,7 @@ stress_stream() {  # STREAM RUNS END_SECONDS: one stream's runs; its result line
 # A digest of the sources the kernels compile from (src/ and include/ of DIR): runs with the same
 # digest ran the same kernels, so a stress count may add up over calls and sessions.
 kernel_sources_digest() {
+  [ -d "$1/src" ] || { echo "no-sources-in-$1"; return; }
   (cd "$1" && find src include -type f \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' \) | LC_ALL=C sort |
     xargs sha256sum | sha256sum | cut -c1-16)
 }
@@ -396,7 +397,7 @@ step_stress() {
     results_header stress "tools/gpu_check.sh stress $n (STRESS_STREAMS=$streams)"
     local row='    {"runs": %d, "failures": %d, "streams": %d, "kernel_sources": "%s", "failed_command": "%s", '
     printf "$row"'"first_failure": "%s"}\n  ]\n}\n' \
-      "$runs" "$failures" "$streams" "$(kernel_sources_digest "${STRESS_TREE:-.}")" "$failed_command" "$failure"
+      "$runs" "$failures" "$streams" "$(kernel_sources_digest "${STRESS_TREE:-$(dirname "$0")/..}")" "$failed_command" "$failure"
   } >"$OUT/stress.json"
   [ "$failures" -eq 0 ] || status=1
 }
