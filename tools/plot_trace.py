@@ -8,7 +8,10 @@ Each CTA is a row. A GEMM unit is a bar from the moment its producer found its o
 moment its math warps finished it, coloured by kind; before it, a grey bar while the producer waited
 for the operands. Send and pull units are bars from their claim to their end (the dispatch warps',
 or the producer's for bulk pulls); combine units end at their math warps' end. The summary gives, per kind, the units and their summed time,
-and the span of each kind (first start to last end).
+and the span of each kind (first start to last end). For each GEMM kind it also gives, over a CTA's
+consecutive units of that kind, the median period (one unit's end to the next one's) and how long
+before the earlier unit's end the producer had found the next one's operands ready (a negative lead:
+the math warps waited for the producer).
 """
 import argparse
 import json
@@ -50,6 +53,32 @@ def summarize(path, units):
               f"span {first:8.1f} .. {last:8.1f} us")
 
 
+def median(values):
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def gemm_rhythm(units):
+    """{kind: (pairs, median period, median lead)} over each CTA's consecutive units of one GEMM kind."""
+    by_cta = {}
+    for unit in units:
+        by_cta.setdefault(unit[0], []).append(unit)
+    periods, leads = {}, {}
+    for mine in by_cta.values():
+        mine.sort(key=lambda u: u[4])
+        for before, after in zip(mine, mine[1:]):
+            if before[1] == after[1] and KINDS[after[1]].endswith(("L1", "L2")):
+                periods.setdefault(after[1], []).append(after[4] - before[4])
+                leads.setdefault(after[1], []).append(before[4] - after[3])
+    return {kind: (len(periods[kind]), median(periods[kind]), median(leads[kind])) for kind in periods}
+
+
+def summarize_rhythm(units):
+    for kind, (pairs, period, lead) in sorted(gemm_rhythm(units).items()):
+        print(f"  {KINDS[kind]:10s} period {period:8.1f} us per unit per CTA (median of {pairs}), "
+              f"next unit ready {lead:6.1f} us before the one before ends")
+
+
 def plot(path, units):
     try:
         import matplotlib
@@ -86,6 +115,7 @@ def main():
             log = json.load(f)
         units = spans(log["events"])
         summarize(path, units)
+        summarize_rhythm(units)
         plot(path, units)
 
 

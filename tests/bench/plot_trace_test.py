@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""tools/plot_trace.py's unit spans and GEMM rhythm on a made-up event log."""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', '..', 'tools'))
+import plot_trace  # noqa: E402
+
+CLAIMED, READY, DONE = plot_trace.CLAIMED, plot_trace.READY, plot_trace.DONE
+ROUTED_L1, ROUTED_L2 = plot_trace.KINDS.index('routed L1'), plot_trace.KINDS.index('routed L2')
+
+
+def unit(cta, index, kind, claimed_us, ready_us, done_us):
+    return [(cta, index, kind, CLAIMED, claimed_us * 1000), (cta, index, kind, READY, ready_us * 1000),
+            (cta, index, kind, DONE, done_us * 1000)]
+
+
+def main():
+    events = []
+    # CTA 0: three routed L1 units 50 us apart, each ready 4 us before the one before ends, then one L2
+    # unit (a different kind: no pair with the L1 units). CTA 1: two L1 units, the second ready 2 us
+    # after the first ended (a negative lead), 60 us apart.
+    events += unit(0, 0, ROUTED_L1, 0, 1, 50) + unit(0, 132, ROUTED_L1, 45, 46, 100)
+    events += unit(0, 264, ROUTED_L1, 95, 96, 150) + unit(0, 900, ROUTED_L2, 140, 141, 170)
+    events += unit(1, 1, ROUTED_L1, 0, 1, 50) + unit(1, 133, ROUTED_L1, 49, 52, 110)
+    units = plot_trace.spans(events)
+    failures = []
+    if len(units) != 6:
+        failures.append(f'{len(units)} units, expected 6')
+    rhythm = plot_trace.gemm_rhythm(units)
+    if set(rhythm) != {ROUTED_L1}:
+        failures.append(f'kinds with pairs {sorted(rhythm)}, expected routed L1 only')
+    else:
+        pairs, period, lead = rhythm[ROUTED_L1]
+        # Periods 50, 50 (CTA 0) and 60 (CTA 1): median 50; leads 4, 4 and -2: median 4.
+        if (pairs, period, lead) != (3, 50.0, 4.0):
+            failures.append(f'routed L1 rhythm {(pairs, period, lead)}, expected (3, 50.0, 4.0)')
+    for failure in failures:
+        print('FAIL', failure)
+    print('plot_trace_test:', 'failed' if failures else 'passed')
+    return 1 if failures else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
