@@ -16,6 +16,7 @@ the math warps waited for the producer).
 import argparse
 import json
 import os
+import statistics
 import sys
 
 KINDS = ["send", "pull", "shared L1", "routed L1", "routed L2", "shared L2", "combine"]
@@ -53,11 +54,6 @@ def summarize(path, units):
               f"span {first:8.1f} .. {last:8.1f} us")
 
 
-def median(values):
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
-
-
 def gemm_rhythm(units):
     """{kind: (pairs, median period, median lead)} over each CTA's consecutive units of one GEMM kind."""
     by_cta = {}
@@ -70,7 +66,8 @@ def gemm_rhythm(units):
             if before[1] == after[1] and KINDS[after[1]].endswith(("L1", "L2")):
                 periods.setdefault(after[1], []).append(after[4] - before[4])
                 leads.setdefault(after[1], []).append(before[4] - after[3])
-    return {kind: (len(periods[kind]), median(periods[kind]), median(leads[kind])) for kind in periods}
+    return {kind: (len(periods[kind]), statistics.median_high(periods[kind]), statistics.median_high(leads[kind]))
+            for kind in periods}
 
 
 def summarize_rhythm(units):

@@ -42,6 +42,14 @@ void validate(const Problem& p) {
   require(p.wave_tokens >= 0 && p.wave_tokens <= kMaxTokensPerRank, "wave_tokens", "must be in [0, ",
           kMaxTokensPerRank, "] (0: chosen from the buffer size; at least max_tokens_per_rank: one wave per call), got ",
           p.wave_tokens);
+  // The fused schedule counts a wave's 16-byte output vectors (its combine units) in 32 bits. The
+  // default wave (0) is at most max_tokens_per_rank.
+  const int64_t wave_upper_bound =
+      p.wave_tokens >= 1 && p.wave_tokens < p.max_tokens_per_rank ? p.wave_tokens : p.max_tokens_per_rank;
+  require(wave_upper_bound * (p.hidden / 8) < (int64_t{1} << 32), "wave_tokens",
+          "times hidden / 8 (a wave's output vectors) must be below 2^32; with wave_tokens 0 or at least "
+          "max_tokens_per_rank the wave is max_tokens_per_rank (",
+          p.max_tokens_per_rank, "), hidden ", p.hidden);
   require(p.recv_capacity >= 0 && p.recv_capacity <= kMaxRecvCapacity, "recv_capacity",
           "must be in [0, ", kMaxRecvCapacity, "] (0: the worst case), got ", p.recv_capacity);
   require(p.front_num_slots >= 0, "front_num_slots", "must not be negative, got ", p.front_num_slots);

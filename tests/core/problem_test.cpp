@@ -169,6 +169,19 @@ TEST(Validate, LargestProblemKeepsRouteIndicesIn32Bits) {
   expect_rejected(p, "max_tokens_per_rank", {"[1, 1048576]"});
 }
 
+// A wave's output vectors (tokens x hidden / 8) are counted in 32 bits by the fused combine.
+TEST(Validate, WaveOutputVectorsIn32Bits) {
+  Problem p = valid_problem();
+  p.hidden = 1 << 16;
+  p.max_tokens_per_rank = 1 << 19;  // 2^19 x 2^13 vectors = 2^32
+  p.wave_tokens = 0;
+  expect_rejected(p, "wave_tokens", {"below 2^32", "max_tokens_per_rank (524288)", "hidden 65536"});
+  p.wave_tokens = (1 << 19) - 1;
+  EXPECT_NO_THROW(validate(p));
+  p.wave_tokens = 1 << 19;
+  expect_rejected(p, "wave_tokens", {"below 2^32"});
+}
+
 TEST(Validate, RecvCapacityRange) {
   Problem p = valid_problem();
   p.recv_capacity = -1;
