@@ -10,8 +10,8 @@
 #                           ($MEGAMOE: the tool, default $BUILD/megamoe; $STRESS_STREAMS sequences at
 #                           once, $STRESS_SECONDS a time limit; $STRESS_TREE: the source tree it
 #                           was built from, default this script's checkout); $OUT/stress.json
-#   tools/gpu_check.sh trees TREE...              builds each source tree (e.g. `git archive REV | tar -x -C
-#                                                 out/ab-x`) into TREE/build at once, the machine's cores
+#   tools/gpu_check.sh trees TREE...              builds each source tree (made by tools/ab_tree.sh DIR REV
+#                                                 [PATCH...]) into TREE/build at once, the machine's cores
 #                                                 shared: the megamoe tool and the layer bench ($TARGETS:
 #                                                 more targets, `all` for the tests; $CMAKE_ARGS: e.g.
 #                                                 -DMEGAMOE_FUSED_TRACE=ON) (last step)
