@@ -103,6 +103,7 @@ enum WaitSite : uint32_t {
   kWaitFusedRows = 11,        // rows of a local expert pulled into the pool
   kWaitFusedL1Tile = 12,      // L1 outputs of a routed token tile
   kWaitFusedSharedL1Tile = 13,  // L1 outputs of a shared-expert token tile
+  kWaitFusedTileDone = 14,    // tile-done counts handed over by a math warpgroup (`detail` = warpgroup)
 };
 
 // The first error a kernel hits is recorded here (first writer wins) for the host to report.

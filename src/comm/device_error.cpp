@@ -37,6 +37,9 @@ SiteWords site_words(const DeviceError& error) {
     case kWaitFusedL1Tile: return {"for the L1 outputs of routed token tile " + std::to_string(error.choice), "count"};
     case kWaitFusedSharedL1Tile:
       return {"for the L1 outputs of shared-expert token tile " + std::to_string(error.choice), "count"};
+    case kWaitFusedTileDone:
+      return {"for math warpgroup " + std::to_string(error.detail) + " to hand over its next tile-done count",
+              "count", false};
     default: return {"at unknown wait site " + std::to_string(error.site) + " (peer " + peer + ")", "value"};
   }
 }

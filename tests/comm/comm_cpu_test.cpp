@@ -53,6 +53,11 @@ TEST(DescribeDeviceError, GridBarrierAndOtherSites) {
   gemm.detail = 3;  // the stage, not a timeout
   EXPECT_EQ(describe(gemm),
             "rank 1, block 0, thread 0: timed out waiting for GEMM pipeline stage 3 (expected parity 1, saw 0)");
+  DeviceError handed = timeout_at(kWaitFusedTileDone, 1, 5, 4);
+  handed.detail = 1;  // the math warpgroup, not a timeout
+  EXPECT_EQ(describe(handed),
+            "rank 1, block 0, thread 0: timed out waiting for math warpgroup 1 to hand over its next tile-done count "
+            "(expected count 5, saw 4)");
   EXPECT_NE(describe(timeout_at(static_cast<WaitSite>(99), 2, 1, 0)).find("unknown wait site 99"), std::string::npos);
 }
 

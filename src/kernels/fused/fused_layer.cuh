@@ -55,6 +55,9 @@ __device__ __forceinline__ bool is_first_linear(UnitKind kind) {
   return kind == UnitKind::routed_l1 || kind == UnitKind::shared_l1;
 }
 
+// Tile-done counts in flight from a math warpgroup to the dispatch warp that makes them.
+inline constexpr uint32_t kTileDoneSlots = 32;
+
 // The dispatch warps' table: a send unit's counts per global expert, or a pull unit's segments.
 inline constexpr uint32_t kDispatchTableEntries = (kMaxExperts > kMaxSegments ? kMaxExperts : kMaxSegments) + 1;
 // Send and pull units come in bursts (up to four pull units per CTA): the queue holds them all, so the
@@ -90,7 +93,13 @@ struct FusedTables {
   static constexpr uint32_t kTraceCounts = kLastFlag + 1;  // [kTraceRoles]: events logged per role
   static constexpr uint32_t kSplits = kTraceCounts + 3;     // RoutedSplits
   static constexpr uint32_t kPullState = kSplits + 6;       // the producer's pulls: phases, segments built
-  static constexpr uint32_t kWords = kPullState + 2;
+  // The tile-done hand-over (signal_tile_done), per math warpgroup: its mode, the entries it has
+  // written and the dispatch warp has made, and its ring of entries.
+  static constexpr uint32_t kTileDoneMode = kPullState + 2;                 // [math warpgroups]
+  static constexpr uint32_t kTileDoneWritten = kTileDoneMode + 2;           // [math warpgroups]
+  static constexpr uint32_t kTileDoneMade = kTileDoneWritten + 2;           // [math warpgroups]
+  static constexpr uint32_t kTileDoneRing = kTileDoneMade + 2;              // [math warpgroups][kTileDoneSlots]
+  static constexpr uint32_t kWords = kTileDoneRing + 2 * kTileDoneSlots;
 };
 
 // Where the math warps count their tiles done, in shared memory: computed from the parameters inside
@@ -141,6 +150,7 @@ template <class Config>
 struct FusedScheduler {
   static constexpr uint32_t kBlockN = Config::kBlockN;
   static_assert(Config::kSchedulerBytes >= 4 * FusedTables::kWords, "the fused tables must fit the scheduler area");
+  static_assert(Config::kMathWarpgroups <= 2, "tile-done words and makers (dispatch warps 1-2) per math warpgroup");
   const FusedParams<Config>& params;
   const gemm::SharedStorage<Config>& smem;
   uint32_t l1_cursor = 0, l2_cursor = 0;  // group_of_tile's, one per walk over the groups
@@ -169,6 +179,14 @@ struct FusedScheduler {
   __device__ uint32_t* pull_segments_built() const { return words(FusedTables::kPullState + 1); }
   __device__ SignalTargets* signal_targets() const {
     return reinterpret_cast<SignalTargets*>(words(FusedTables::kSignals));
+  }
+  __device__ uint32_t* tile_done_mode(uint32_t math_warpgroup) const {
+    return words(FusedTables::kTileDoneMode + math_warpgroup);
+  }
+  __device__ uint32_t* tile_done_written(uint32_t w) const { return words(FusedTables::kTileDoneWritten + w); }
+  __device__ uint32_t* tile_done_made(uint32_t w) const { return words(FusedTables::kTileDoneMade + w); }
+  __device__ uint32_t* tile_done_entry(uint32_t w, uint32_t n) const {
+    return words(FusedTables::kTileDoneRing + w * kTileDoneSlots + n % kTileDoneSlots);
   }
 
   __device__ uint32_t num_groups() const { return params.dispatch.layout.experts_per_rank; }
@@ -586,25 +604,114 @@ __device__ void dispatch_fused(const FusedScheduler<Config>& s, uint32_t thread,
   }
 }
 
-// After a math warpgroup's epilogue of a GEMM unit: counts the tile done for what waits on it.
+// Tile-done counts. Each fence before a count holds the thread that makes it for microseconds, and a
+// math warpgroup's next wgmmas wait for all of its threads; so once the dispatch warps are done with
+// their units, a dispatch warp makes the counts a math warpgroup hands it (make_handed_counts), and
+// the warpgroup makes its own only until then. A warpgroup's mode says which: its own counts, handed
+// over, or finished without handing over (the dispatch warp then waits for nothing from it).
+enum : uint32_t { kCountsOwn = 0, kCountsHanded = 1, kCountsFinished = 2 };
+// A count to make: 2 bits of kind, the token tile.
+enum : uint32_t { kCountRoutedL1 = 0, kCountSharedL1 = 1, kCountL2 = 2 };
+
+// Makes the count `entry` says, after the writes of the warpgroup that finished the tile (ordered
+// before this thread by the warpgroup's barrier and, when handed over, the ring's fences). True for
+// this rank's last L2 tile.
 template <class Config>
-__device__ bool signal_tile_done(const FusedScheduler<Config>& s, bool first_linear, const gemm::Tile& tile,
-                                 uint32_t math_warpgroup, uint32_t math_thread) {
-  // The warpgroup's stores are ordered before one thread's release by the barrier: the other threads
-  // go on (a fence in every thread stalled each of them until its own stores had landed).
-  const bool second_linear = !first_linear;
-  gemm::warpgroup_barrier(math_warpgroup);
-  if (math_thread % 128 != 0) return false;
+__device__ bool count_tile_done(const FusedScheduler<Config>& s, uint32_t entry) {
+  const uint32_t kind = entry >> 30;
   cuda::ptx::fence_proxy_async();
-  if (second_linear) __threadfence_system();  // results in peers' combine slots
   const SignalTargets& targets = *s.signal_targets();
-  if (!second_linear) {
-    uint32_t* counter = tile.job == 0 ? targets.l1_done : targets.shared_l1_done;
-    cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(counter[s.token_tile(tile)])
+  if (kind != kCountL2) {
+    uint32_t* counter = kind == kCountRoutedL1 ? targets.l1_done : targets.shared_l1_done;
+    cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(counter[entry & 0x3FFFFFFFu])
         .fetch_add(1, cuda::memory_order_release);
     return false;
   }
+  __threadfence_system();  // results in peers' combine slots
   return device::atomic_add_acq_rel_sys(&targets.control->fused_l2_done, 1u) + 1 == targets.l2_tiles;
+}
+
+// A math warpgroup's thread 0: hands `entry` to the dispatch warp that makes the counts, unless its
+// ring is full (then false: the thread makes the count itself, and never waits here).
+template <class Config>
+__device__ bool hand_over_tile_done(const FusedScheduler<Config>& s, uint32_t math_warpgroup, uint32_t entry) {
+  const uint32_t written = *s.tile_done_written(math_warpgroup);
+  if (written - *static_cast<volatile uint32_t*>(s.tile_done_made(math_warpgroup)) >= kTileDoneSlots) return false;
+  *s.tile_done_entry(math_warpgroup, written) = entry;
+  __threadfence_block();  // the entry before the count of entries written
+  *static_cast<volatile uint32_t*>(s.tile_done_written(math_warpgroup)) = written + 1;
+  return true;
+}
+
+// After a math warpgroup's epilogue of a GEMM unit: counts the tile done for what waits on it, or
+// hands the count over. True if this thread counted this rank's last L2 tile.
+template <class Config>
+__device__ bool signal_tile_done(const FusedScheduler<Config>& s, bool first_linear, const gemm::Tile& tile,
+                                 uint32_t math_warpgroup, uint32_t math_thread) {
+  // The warpgroup's stores are ordered before one thread's count (or hand-over) by the barrier: the
+  // other threads go on (a fence in every thread stalled each of them until its own stores had landed).
+  gemm::warpgroup_barrier(math_warpgroup);
+  if (math_thread % 128 != 0) return false;
+  const uint32_t entry =
+      first_linear ? (tile.job == 0 ? kCountRoutedL1 : kCountSharedL1) << 30 | s.token_tile(tile) : kCountL2 << 30;
+  if (*static_cast<volatile uint32_t*>(s.tile_done_mode(math_warpgroup)) == kCountsHanded &&
+      hand_over_tile_done(s, math_warpgroup, entry))
+    return false;
+  return count_tile_done(s, entry);
+}
+
+// A math warpgroup's thread 0 after its last GEMM unit. Out of line: two instructions inlined after
+// the GEMM loop moved the math warps' register allocation into spills in the K loop (ptxas).
+inline __device__ __noinline__ void finish_counts(uint32_t* mode) {
+  __threadfence_block();  // after the entries written
+  *static_cast<volatile uint32_t*>(mode) = kCountsFinished;
+}
+
+// Lane 0 of dispatch warp 1 + `math_warpgroup`, once the dispatch units are done: takes over the
+// warpgroup's counts unless it has finished, and makes its handed counts in order until it has
+// finished and every entry it wrote is made. One maker per warpgroup, so that the two warpgroups'
+// fences run side by side, as when each makes its own. Gives up, with a timeout recorded, after twice
+// the layer's timeout without an entry (the math warps' own waits, one timeout each, fire first and
+// name the cause).
+template <class Config>
+__device__ void make_handed_counts(const FusedScheduler<Config>& s, uint32_t math_warpgroup) {
+  if (atomicCAS(s.tile_done_mode(math_warpgroup), kCountsOwn, kCountsHanded) != kCountsOwn) return;
+  const gemm::PipelineWatch& watch = s.params.l1[0].args.watch;
+  bool last_l2_tile = false;
+  uint32_t made = 0;
+  uint64_t idle_since = gemm::global_timer_ns();
+  for (;;) {
+    // The mode before the entries' count: a warpgroup that has finished wrote its last entry before.
+    const bool finished = *static_cast<volatile uint32_t*>(s.tile_done_mode(math_warpgroup)) == kCountsFinished;
+    __threadfence_block();
+    if (made != *static_cast<volatile uint32_t*>(s.tile_done_written(math_warpgroup))) {
+      __threadfence_block();  // the entry after its count of entries written
+      const uint32_t entry = *s.tile_done_entry(math_warpgroup, made);
+      __threadfence_block();  // the entry read before its slot is freed
+      *static_cast<volatile uint32_t*>(s.tile_done_made(math_warpgroup)) = ++made;
+      last_l2_tile |= count_tile_done(s, entry);
+      idle_since = gemm::global_timer_ns();
+      continue;
+    }
+    if (finished) break;
+    // A short sleep between polls leaves the scheduler's issue slots to the math warps beside it.
+    __nanosleep(128);
+    if (gemm::global_timer_ns() - idle_since > 2 * watch.timeout_ns) {
+      DeviceError error{};
+      error.code = kDeviceTimeout;
+      error.site = kWaitFusedTileDone;
+      error.rank = watch.rank;
+      error.block = blockIdx.x;
+      error.thread = ptx::thread_index();
+      error.peer = watch.rank;
+      error.detail = math_warpgroup;
+      error.expected = made + 1;
+      error.seen = made;
+      device::record_error(watch.control, error);
+      break;
+    }
+  }
+  if (last_l2_tile) device::rank_arrive(s.view(), s.control(), s.epoch(2));
 }
 
 // The math warpgroups: GEMM units from the ring; then, from the unit the producer handed over, the
@@ -663,6 +770,9 @@ __device__ void math_fused(FusedScheduler<Config>& s, uint32_t math_warpgroup, u
       trace_event(s, TraceRole::math, index, kind, TraceWhat::done);
     }
   }
+  // The dispatch warp making this warpgroup's counts (or about to) stops once it has made the ones
+  // written before this.
+  if (math_thread % 128 == 0) finish_counts(s.tile_done_mode(math_warpgroup));
   // The last L2 tile of this rank tells every rank its results have landed: at the loop's end, which
   // follows at once (it was the last GEMM unit), since the arrival's code inside the loop held
   // registers through the mainloop.
@@ -746,6 +856,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       cuda::ptx::mbarrier_init(s.queue_empty(slot), 1);
     }
     for (uint32_t half = 0; half < 2; ++half) cuda::ptx::mbarrier_init(s.pull_loaded() + half, 1);
+    for (uint32_t w = 0; w < Config::kMathWarpgroups; ++w) {
+      *s.tile_done_mode(w) = kCountsOwn;
+      *s.tile_done_written(w) = 0;
+      *s.tile_done_made(w) = 0;
+    }
     *s.pull_phases() = 0;
     *s.pull_segments_built() = 0;
     cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // the pulls' barriers complete on TMA's bytes
@@ -759,8 +874,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // Each role ends in its own copy of finish_cta: no code after the roles joins their register budgets.
   if (warpgroup == 0) {
     ptx::setmaxnreg_decrease<gemm::kProducerRegisters<Config>>();
-    if (warp == 0) produce_fused(s, lane);
-    else dispatch_fused(s, thread - 32, lane);
+    if (warp == 0) {
+      produce_fused(s, lane);
+    } else {
+      dispatch_fused(s, thread - 32, lane);
+      if (warp <= Config::kMathWarpgroups && lane == 0) make_handed_counts(s, warp - 1);
+    }
     finish_cta(s, thread);
   } else if (warpgroup > Config::kMathWarpgroups) {  // converters; none without them (kThreads)
     ptx::setmaxnreg_decrease<gemm::kProducerRegisters<Config>>();
