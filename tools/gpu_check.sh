@@ -87,6 +87,14 @@ ab_rounds() {
   while [ $# -gt 0 ] && [ "$1" != -- ]; do trees+=("$1"); shift; done
   [ $# -gt 0 ] && shift
   mkdir -p "$OUT/ab"
+  # Each tree's kernel sources, so that trees meant to differ but built from one source show at once.
+  local -A tree_of_digest=()
+  local digest
+  for tree in "${trees[@]}"; do
+    digest=$(kernel_sources_digest "$tree")
+    echo "$step: $tree kernel sources $digest${tree_of_digest[$digest]:+ (the same as ${tree_of_digest[$digest]})}"
+    tree_of_digest[$digest]=${tree_of_digest[$digest]:-$tree}
+  done
   for round in $(seq 1 "$rounds"); do
     for tree in "${trees[@]}"; do
       local name; name=$(basename "$tree")-r$round
