@@ -16,8 +16,10 @@
 #                                                 more targets, `all` for the tests; $CMAKE_ARGS: e.g.
 #                                                 -DMEGAMOE_FUSED_TRACE=ON) (last step)
 #   tools/gpu_check.sh ab ROUNDS TREE... -- ARGS   `megamoe bench ARGS` from each tree's build, the trees
-#                                                 taking turns ROUNDS times (same-run A/B); prints graph µs
-#                                                 per row and tree (min-max); JSON in $OUT/ab (last step)
+#                                                 taking turns ROUNDS times (same-run A/B); prints each
+#                                                 tree's kernel-source digest (naming trees of one source),
+#                                                 then graph µs per row and tree (min-max); JSON in $OUT/ab
+#                                                 (last step)
 #   tools/gpu_check.sh gemm-ab ROUNDS TREE... -- ARGS  `megamoe_gemm_bench ARGS` the same way; prints each
 #                                                 row's TFLOP/s against same-shape plain FP8 per tree, and
 #                                                 each tree's median per recipe and stage (last step)
