@@ -58,15 +58,18 @@ struct StagedCopy {
   uint32_t words_per_token;
 };
 struct StagedInputs {
-  StagedCopy copies[3];
+  StagedCopy copies[3];  // x, its scales, the route weights
 };
 
-// Copies tokens [token_begin, token_end) of every staged input, thread `thread` of `threads`.
-__device__ inline void stage_inputs(const StagedInputs& inputs, uint32_t token_begin, uint32_t token_end,
-                                    uint64_t thread, uint64_t threads) {
+// Copies tokens [token_begin, token_end) of the staged inputs from copies[first_copy] on, thread
+// `thread` of `threads`.
+__device__ inline void stage_inputs(const StagedInputs& inputs, uint32_t first_copy, uint32_t token_begin,
+                                    uint32_t token_end, uint64_t thread, uint64_t threads) {
   constexpr uint32_t kUnroll = 4;  // 16-byte vectors in flight per thread
-  for (const StagedCopy& whole : inputs.copies) {
-    if (whole.source == nullptr) continue;
+#pragma unroll  // constant indices: a variable one would copy the parameters to local memory
+  for (uint32_t c = 0; c < 3; ++c) {
+    const StagedCopy& whole = inputs.copies[c];
+    if (c < first_copy || whole.source == nullptr) continue;
     const uint64_t first_word = uint64_t{token_begin} * whole.words_per_token;
     const StagedCopy copy{whole.source + first_word, whole.destination + first_word,
                           uint64_t{token_end - token_begin} * whole.words_per_token, whole.words_per_token};
@@ -312,8 +315,8 @@ __device__ inline void pull_row(const DispatchArgs& a, const PoolSegments& segme
 // Scale loads in flight per lane while pull_rows_bulk copies a batch's scales.
 inline constexpr uint32_t kBounceScaleLoads = 8;
 
-// A shared-memory area that bulk copies (TMA) pass pool rows through, in two halves: one half's
-// loads land while the other's stores drain. `loaded`: one mbarrier per half (arrival count 1);
+// A shared-memory area that bulk copies (TMA) pass data through, in two halves: one half's loads
+// land while the other's stores drain. `loaded`: one mbarrier per half (arrival count 1);
 // `phases`: their parity bits, kept across calls.
 struct BounceArea {
   uint8_t* area;  // 16-byte aligned
@@ -321,6 +324,55 @@ struct BounceArea {
   uint64_t* loaded;
   uint32_t phases;
 };
+
+// Whether stage_rows_bulk can copy `copy`: whole 16-byte vectors, aligned.
+__device__ inline bool bulk_stageable(const StagedCopy& copy) {
+  return copy.source != nullptr && copy.words_per_token % 4 == 0 &&
+         ((reinterpret_cast<uintptr_t>(copy.source) | reinterpret_cast<uintptr_t>(copy.destination)) & 15) == 0;
+}
+
+// Copies tokens [token_begin, token_end) of `copy` (bulk_stageable), one contiguous range, by one
+// thread through `bounce`, in chunks of half its bytes: a few bulk copies instead of a warp's 16-byte
+// vectors, so that up to the whole area is in flight. Complete, and fenced for the generic proxy,
+// when it returns.
+__device__ inline void stage_rows_bulk(const StagedCopy& copy, uint32_t token_begin, uint32_t token_end,
+                                       BounceArea& bounce) {
+  const uint64_t first = uint64_t{token_begin} * copy.words_per_token * 4;
+  const uint64_t bytes = uint64_t{token_end - token_begin} * copy.words_per_token * 4;
+  const char* source = reinterpret_cast<const char*>(copy.source) + first;
+  char* destination = reinterpret_cast<char*>(copy.destination) + first;
+  const uint32_t half = bounce.bytes / 2 / 16 * 16;
+  const uint64_t chunks = (bytes + half - 1) / half;
+  const auto chunk_bytes = [&](uint64_t c) { return static_cast<uint32_t>(min(uint64_t{half}, bytes - c * half)); };
+  const auto load = [&](uint64_t c) {
+    uint64_t* loaded = &bounce.loaded[c % 2];
+    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, loaded,
+                                         chunk_bytes(c));
+    cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, bounce.area + c % 2 * half,
+                             source + c * half, chunk_bytes(c), loaded);
+  };
+  // The caller's inputs were written by generic stores before the call.
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
+  if (chunks > 0) load(0);
+  for (uint64_t c = 0; c < chunks; ++c) {
+    if (c + 1 < chunks) {
+      // Chunk c + 1's half held chunk c - 1, whose store (the only one issued) must have read it.
+      cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+      load(c + 1);
+    }
+    const uint32_t slot = c % 2;
+    // TMA completes the transfer it was given, so this wait needs no timeout.
+    while (!cuda::ptx::mbarrier_try_wait_parity(&bounce.loaded[slot], (bounce.phases >> slot) & 1u)) {
+    }
+    bounce.phases ^= 1u << slot;
+    cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, destination + c * half,
+                             bounce.area + slot * half, chunk_bytes(c));
+    cuda::ptx::cp_async_bulk_commit_group();
+  }
+  cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
+  // Peers may read the rows with generic loads (the register pulls) after this thread's release.
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
+}
 
 // Pulls pool rows [begin, end) by one warp through `bounce` in batches (comm::BouncePlan): the row
 // bytes through shared memory, so that the warp keeps the area's bytes in flight however few

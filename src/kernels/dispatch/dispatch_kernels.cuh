@@ -17,7 +17,7 @@ __global__ void send_routes(const DispatchArgs a, const StagedInputs staged) {
   ControlBlock* control = a.layout.control_block(a.view.local());
   const bool timed_out = device::rank_timed_out(control);
   if (!timed_out) {
-    stage_inputs(staged, 0, static_cast<uint32_t>(a.num_tokens), blockIdx.x * uint64_t{blockDim.x} + threadIdx.x,
+    stage_inputs(staged, 0, 0, static_cast<uint32_t>(a.num_tokens), blockIdx.x * uint64_t{blockDim.x} + threadIdx.x,
                  uint64_t{gridDim.x} * blockDim.x);
     const uint32_t routes = static_cast<uint32_t>(a.num_tokens) * static_cast<uint32_t>(a.problem.top_k);
     const uint32_t per_block = (routes + gridDim.x - 1) / gridDim.x;

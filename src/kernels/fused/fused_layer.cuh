@@ -99,7 +99,10 @@ struct FusedTables {
   static constexpr uint32_t kTileDoneWritten = kTileDoneMode + 2;           // [math warpgroups]
   static constexpr uint32_t kTileDoneMade = kTileDoneWritten + 2;           // [math warpgroups]
   static constexpr uint32_t kTileDoneRing = kTileDoneMade + 2;              // [math warpgroups][kTileDoneSlots]
-  static constexpr uint32_t kWords = kTileDoneRing + 2 * kTileDoneSlots;
+  // The dispatch warps' bulk staging (stage_send_rows): its halves' mbarriers, their phases.
+  static constexpr uint32_t kStageLoaded = (kTileDoneRing + 2 * kTileDoneSlots + 1) / 2 * 2;  // u64 mbarriers [2]
+  static constexpr uint32_t kStagePhases = kStageLoaded + 2 * 2;
+  static constexpr uint32_t kWords = kStagePhases + 1;
 };
 
 // Where the math warps count their tiles done, in shared memory: computed from the parameters inside
@@ -177,6 +180,8 @@ struct FusedScheduler {
   // stays live through the producer's loop (40 registers).
   __device__ uint32_t* pull_phases() const { return words(FusedTables::kPullState); }
   __device__ uint32_t* pull_segments_built() const { return words(FusedTables::kPullState + 1); }
+  __device__ uint64_t* stage_loaded() const { return reinterpret_cast<uint64_t*>(words(FusedTables::kStageLoaded)); }
+  __device__ uint32_t* stage_phases() const { return words(FusedTables::kStagePhases); }
   __device__ SignalTargets* signal_targets() const {
     return reinterpret_cast<SignalTargets*>(words(FusedTables::kSignals));
   }
@@ -379,8 +384,10 @@ template <class Config>
 __device__ bool wait_for_operands(const FusedScheduler<Config>& s, const OperandWait& wait) {
   const bool ready =
       device::wait_at_least_gpu(s.view(), s.control(), wait.counter, wait.expected, wait.site, wait.choice);
-  // The rows were written by generic stores; the stages read them through the async proxy.
-  cuda::ptx::fence_proxy_async();
+  // The rows were written by generic stores; the stages read them through the async proxy. Global
+  // memory only: the fence over every state space also waits for this thread's memory operations
+  // (a MEMBAR.GPU in SASS), the global one does not.
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
   return ready;
 }
 
@@ -531,13 +538,34 @@ __device__ void convert_fused(FusedScheduler<Config>& s, uint32_t thread, uint32
 // four 16-byte vectors).
 inline constexpr int kDispatchPullUnroll = 4;
 
+// In the prefill config one dispatch thread stages a send unit's token rows with bulk copies through
+// the ring's shared memory (dispatch::stage_rows_bulk), while the other threads copy the scales and
+// route weights: the three warps' 16-byte vectors, about 6 KB in flight per SM, were latency-bound
+// on the rows (~100 µs for a 63-token unit of DeepSeek-V3). The ring is idle until the CTA's send
+// units are done: every GEMM unit and the producer's bulk pulls wait for all of this rank's sends.
+template <class Config>
+__device__ void stage_send_inputs(const FusedScheduler<Config>& s, UnitRange tokens, uint32_t thread) {
+  const dispatch::StagedInputs& staged = s.params.staged;
+  const bool bulk = Config::kLayout == gemm::TileLayout::tokens_on_m && dispatch::bulk_stageable(staged.copies[0]);
+  if (bulk && thread == 0) {
+    static_assert(kPullAreaBytes<Config> >= kPullSegmentBytes + 2 * 1024, "the staging's bounce area");
+    dispatch::BounceArea bounce{s.smem.base + kPullSegmentBytes, kPullAreaBytes<Config> - kPullSegmentBytes,
+                                s.stage_loaded(), *s.stage_phases()};
+    dispatch::stage_rows_bulk(staged.copies[0], tokens.begin, tokens.end, bounce);
+    *s.stage_phases() = bounce.phases;
+  }
+  // One call, every thread (thread 0 after its bulk copies): each inlined copy of stage_inputs adds
+  // its three loops to the warps' code, which spilled more with a variable thread count.
+  dispatch::stage_inputs(staged, bulk ? 1 : 0, tokens.begin, tokens.end, thread, kDispatchThreads);
+}
+
 // A send unit: this unit's tokens' inputs into the buffer, their routes counted and scattered; the
 // last one to finish sends the counts and arrives on the cross-rank barrier.
 template <class Config>
 __device__ void run_send(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread) {
   const dispatch::DispatchArgs& a = s.params.dispatch;
   const UnitRange tokens = unit_range(index, s.plan().tokens_per_send, static_cast<uint32_t>(a.num_tokens));
-  dispatch::stage_inputs(s.params.staged, tokens.begin, tokens.end, thread, kDispatchThreads);
+  stage_send_inputs(s, tokens, thread);
   DispatchSync{}();  // the scales the shared experts' copy reads are the ones just staged
   dispatch::stage_shared_scales(a, tokens.begin, tokens.end, thread, kDispatchThreads);
   const uint32_t top_k = static_cast<uint32_t>(a.problem.top_k);
@@ -577,7 +605,7 @@ __device__ void run_dispatch_pull(const FusedScheduler<Config>& s, uint32_t inde
     // warp's stores are ordered before lane 0's release by the warp barrier.
     __syncwarp();
     if (lane == 0) {
-      cuda::ptx::fence_proxy_async();
+      cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
       cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(rows_pulled[segments.find(row) / num_ranks])
           .fetch_add(1, cuda::memory_order_release);
     }
@@ -619,15 +647,17 @@ enum : uint32_t { kCountRoutedL1 = 0, kCountSharedL1 = 1, kCountL2 = 2 };
 template <class Config>
 __device__ bool count_tile_done(const FusedScheduler<Config>& s, uint32_t entry) {
   const uint32_t kind = entry >> 30;
-  cuda::ptx::fence_proxy_async();
   const SignalTargets& targets = *s.signal_targets();
   if (kind != kCountL2) {
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_global);  // the L2 tiles read these rows with TMA
     uint32_t* counter = kind == kCountRoutedL1 ? targets.l1_done : targets.shared_l1_done;
     cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(counter[entry & 0x3FFFFFFFu])
         .fetch_add(1, cuda::memory_order_release);
     return false;
   }
-  __threadfence_system();  // results in peers' combine slots
+  // The results may be in peers' combine slots, which combine reads with generic loads: the count's
+  // system-scope release orders them, and the last count's acquire orders every tile's before the rank
+  // arrival. (A sequentially consistent system fence before it was redundant.)
   return device::atomic_add_acq_rel_sys(&targets.control->fused_l2_done, 1u) + 1 == targets.l2_tiles;
 }
 
@@ -788,7 +818,7 @@ __device__ void math_fused(FusedScheduler<Config>& s, uint32_t math_warpgroup, u
     if (math_thread == 0) trace_event(s, TraceRole::math, index, UnitKind::combine, TraceWhat::ready);
     const UnitRange vectors = unit_range(s.classify(index).index, s.plan().vectors_per_combine,
                                          static_cast<uint32_t>(c.num_tokens) * static_cast<uint32_t>(c.hidden) / 8);
-    combine::combine_vectors(c, vectors.begin, vectors.end, math_thread, Config::kMathThreads);
+    combine::combine_vectors<2>(c, vectors.begin, vectors.end, math_thread, Config::kMathThreads);
     if (math_thread == 0) trace_event(s, TraceRole::math, index, UnitKind::combine, TraceWhat::done);
     uint32_t* next = s.words(FusedTables::kMathClaim);
     gemm::math_barrier<Config>();
@@ -861,7 +891,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       *s.tile_done_written(w) = 0;
       *s.tile_done_made(w) = 0;
     }
+    for (uint32_t half = 0; half < 2; ++half) cuda::ptx::mbarrier_init(s.stage_loaded() + half, 1);
     *s.pull_phases() = 0;
+    *s.stage_phases() = 0;
     *s.pull_segments_built() = 0;
     cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // the pulls' barriers complete on TMA's bytes
   }
