@@ -20,6 +20,10 @@
 #                                                 tree's kernel-source digest (naming trees of one source),
 #                                                 then graph µs per row and tree (min-max); JSON in $OUT/ab
 #                                                 (last step)
+#   tools/gpu_check.sh trace TREE -- ARGS          `megamoe bench ARGS --schedule fused` from TREE's build (made
+#                                                 by `trees` with CMAKE_ARGS=-DMEGAMOE_FUSED_TRACE=ON), each
+#                                                 size's event log and the bench JSON in $OUT/trace, then
+#                                                 tools/plot_trace.py on each log (last step)
 #   tools/gpu_check.sh gemm-ab ROUNDS TREE... -- ARGS  `megamoe_gemm_bench ARGS` the same way; prints each
 #                                                 row's TFLOP/s against same-shape plain FP8 per tree, and
 #                                                 each tree's median per recipe and stage (last step)
@@ -451,6 +455,22 @@ for key in sorted(times):
 SUMMARY
 }
 
+# The directory and the results file are made here: a trace run missing either stops at once.
+step_trace() {
+  local tree=$1
+  shift
+  [ "${1:-}" = -- ] && shift
+  mkdir -p "$OUT/trace"
+  if ! "$tree/build/megamoe" bench "$@" --schedule fused --trace "$OUT/trace" --out "$OUT/trace/bench.json" \
+      >"$OUT/trace/bench.log" 2>&1; then
+    echo "trace: megamoe bench failed:"; tail -5 "$OUT/trace/bench.log"; status=1; return
+  fi
+  for log in "$OUT"/trace/trace-*.json; do
+    [ -e "$log" ] || { echo "trace: no event log written"; status=1; return; }
+    python3 "$(dirname "$0")/plot_trace.py" "$log" || status=1
+  done
+}
+
 while [ $# -gt 0 ]; do
   step=$1; shift
   case $step in
@@ -466,6 +486,7 @@ while [ $# -gt 0 ]; do
     stress) step_stress "$1"; shift ;;
     trees) step_trees "$@"; shift $# ;;
     ab) step_ab "$@"; shift $# ;;
+    trace) step_trace "$@"; shift $# ;;
     gemm-guard) step_gemm_guard ;;
     gemm-ab) step_gemm_ab "$@"; shift $# ;;
     clocks) step_clocks "$@"; shift $# ;;
