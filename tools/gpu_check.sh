@@ -18,7 +18,9 @@
 #   tools/gpu_check.sh ab ROUNDS TREE... -- ARGS   `megamoe bench ARGS` from each tree's build, the trees
 #                                                 taking turns ROUNDS times (same-run A/B); prints each
 #                                                 tree's kernel-source digest (naming trees of one source),
-#                                                 then graph µs per row and tree (min-max); JSON in $OUT/ab
+#                                                 then graph µs per row and tree (min-max, median, ratio
+#                                                 to the first tree) and the noise floor between trees
+#                                                 of one source (tools/ab_summary.py); JSON in $OUT/ab
 #                                                 (last step)
 #   tools/gpu_check.sh trace TREE -- ARGS          `megamoe bench ARGS --schedule fused` from TREE's build (made
 #                                                 by `trees` with CMAKE_ARGS=-DMEGAMOE_FUSED_TRACE=ON), each
@@ -94,11 +96,15 @@ ab_rounds() {
   [ $# -gt 0 ] && shift
   mkdir -p "$OUT/ab"
   # Each tree's kernel sources, so that trees meant to differ but built from one source show at once.
+  # AB_TREES and AB_SAME (TREE=TREE pairs of one source, by their files' names) are for the summary.
   local -A tree_of_digest=()
   local digest
+  AB_TREES=() AB_SAME=()
   for tree in "${trees[@]}"; do
     digest=$(kernel_sources_digest "$tree")
     echo "$step: $tree kernel sources $digest${tree_of_digest[$digest]:+ (the same as ${tree_of_digest[$digest]})}"
+    AB_TREES+=("$(basename "$tree")")
+    [ -n "${tree_of_digest[$digest]:-}" ] && AB_SAME+=(--same "$(basename "${tree_of_digest[$digest]}")=$(basename "$tree")")
     tree_of_digest[$digest]=${tree_of_digest[$digest]:-$tree}
   done
   for round in $(seq 1 "$rounds"); do
@@ -442,17 +448,7 @@ step_ab() {
   while [ $# -gt 0 ] && [ "$1" != -- ]; do trees+=("$1"); shift; done
   [ $# -gt 0 ] && shift
   ab_rounds ab "$rounds" build/megamoe "${trees[@]}" -- bench "$@"
-  python3 - "$OUT/ab" <<'SUMMARY'
-import collections, glob, json, os, sys
-times = collections.defaultdict(lambda: collections.defaultdict(list))
-for path in sorted(glob.glob(os.path.join(sys.argv[1], '*.json'))):
-    tree = os.path.basename(path)[:-5].rsplit('-r', 1)[0]
-    for row in json.load(open(path)).get('rows', []):
-        key = (row['preset'], row['recipe'], row['tokens_per_rank'], row['schedule'])
-        times[key][tree].append(row['graph_us'])
-for key in sorted(times):
-    print(*key, ' | '.join(f'{tree} {min(us):.1f}-{max(us):.1f}' for tree, us in times[key].items()))
-SUMMARY
+  python3 "$(dirname "$0")/ab_summary.py" "$OUT/ab" --order "${AB_TREES[@]}" "${AB_SAME[@]}" || status=1
 }
 
 # The directory and the results file are made here: a trace run missing either stops at once.

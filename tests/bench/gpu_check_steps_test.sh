@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# tools/gpu_check.sh's trace and ab steps on stand-in megamoe tools:
+#   trace: the event logs' directory and the results file are made for the run, each log is
+#          summarized, and a failed run or one that wrote no log fails the step;
+#   ab:    each tree's rounds, medians against the first tree, and the noise floor between the two
+#          trees built from one source.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "gpu_check_steps_test: $*" >&2; exit 1; }
+
+# A stand-in for a traced build's megamoe: checks that --trace names an existing folder and --out is
+# given, then writes one small event log there (a send unit and a routed L1 unit on CTA 0).
+mkdir -p "$work/tree/build"
+cat >"$work/tree/build/megamoe" <<'FAKE'
+#!/usr/bin/env bash
+trace="" out=""
+while [ $# -gt 0 ]; do
+  case $1 in --trace) trace=$2; shift ;; --out) out=$2; shift ;; esac
+  shift
+done
+[ -d "$trace" ] && [ -n "$out" ] || { echo "fake megamoe: --trace DIR and --out FILE needed" >&2; exit 2; }
+[ -n "${FAKE_NO_LOG:-}" ] || echo '{"tokens": 8, "rank": 0, "events": [[0, 1, 0, 0, 1000], [0, 1, 0, 2, 5000], [0, 2, 3, 0, 5000], [0, 2, 3, 1, 6000], [0, 2, 3, 2, 9000]]}' >"$trace/trace-8-r0.json"
+echo '{"rows": []}' >"$out"
+FAKE
+chmod +x "$work/tree/build/megamoe"
+
+OUT="$work/ok" bash "$repo/tools/gpu_check.sh" trace "$work/tree" -- --preset tiny --tokens 8 >"$work/ok.log" 2>&1 ||
+  { cat "$work/ok.log"; fail "a traced run that wrote its log failed the step"; }
+[ -s "$work/ok/trace/bench.json" ] || fail "no results file"
+grep -q "routed L1" "$work/ok.log" || { cat "$work/ok.log"; fail "the log was not summarized"; }
+
+if FAKE_NO_LOG=1 OUT="$work/none" bash "$repo/tools/gpu_check.sh" trace "$work/tree" -- --preset tiny >"$work/none.log" 2>&1; then
+  fail "a run that wrote no event log passed"
+fi
+grep -q "no event log" "$work/none.log" || fail "the missing log was not named"
+
+printf '#!/usr/bin/env bash\necho "bench: bad argument" >&2; exit 1\n' >"$work/tree/build/megamoe"
+if OUT="$work/bad" bash "$repo/tools/gpu_check.sh" trace "$work/tree" -- --preset tiny >"$work/bad.log" 2>&1; then
+  fail "a failed bench run passed"
+fi
+grep -q "bad argument" "$work/bad.log" || fail "the failed run's message was not shown"
+# ab: trees "base" and "again" hold one source, "other" another; each tool reports its GRAPH_US.
+for tree in base again other; do
+  mkdir -p "$work/$tree/build" "$work/$tree/src"
+  echo "one source" >"$work/$tree/src/kernel.cu"
+  cat >"$work/$tree/build/megamoe" <<FAKE
+#!/usr/bin/env bash
+out=""
+while [ \$# -gt 0 ]; do [ "\$1" = --out ] && out=\$2; shift; done
+echo '{"rows": [{"preset": "tiny", "recipe": "fp8", "tokens_per_rank": 8, "schedule": "fused", "graph_us": GRAPH_US}]}' >"\$out"
+FAKE
+  chmod +x "$work/$tree/build/megamoe"
+done
+echo "another source" >"$work/other/src/kernel.cu"
+sed -i 's/GRAPH_US/100/' "$work/base/build/megamoe"
+sed -i 's/GRAPH_US/102/' "$work/again/build/megamoe"
+sed -i 's/GRAPH_US/90/' "$work/other/build/megamoe"
+OUT="$work/ab" bash "$repo/tools/gpu_check.sh" ab 2 "$work/base" "$work/other" "$work/again" -- --preset tiny \
+  >"$work/ab.log" 2>&1 || { cat "$work/ab.log"; fail "the ab step failed"; }
+[ "$(ls "$work/ab/ab"/*.json | wc -l)" -eq 6 ] || fail "not two rounds of three trees"
+grep -q "again kernel sources .* (the same as $work/base)" "$work/ab.log" || { cat "$work/ab.log"; fail "one source not named"; }
+grep -q "tiny fp8 8 fused | base 100.0-100.0 (median 100.0) | other 90.0-90.0 (median 90.0, 0.900x) | again 102.0-102.0 (median 102.0, 1.020x)" \
+  "$work/ab.log" || { cat "$work/ab.log"; fail "the row's summary is not the trees' medians and ratios in order"; }
+grep -q "noise floor (again against base, one source): medians differ by up to 2.0% over 1 rows" "$work/ab.log" ||
+  { cat "$work/ab.log"; fail "no noise floor"; }
+echo "gpu_check_steps_test: passed"
