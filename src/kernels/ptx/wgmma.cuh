@@ -1,4 +1,4 @@
-// Hopper warpgroup MMA (wgmma), register reallocation (setmaxnreg), stmatrix, an L2 prefetch, TMA loads
+// Hopper warpgroup MMA (wgmma), register reallocation (setmaxnreg), stmatrix, TMA loads
 // with an L2 policy and a non-aligned CTA barrier: the PTX that CCCL does not wrap. Everything else (TMA,
 // mbarriers, fences) comes from cuda::ptx.
 //
