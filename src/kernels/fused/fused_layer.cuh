@@ -99,7 +99,7 @@ struct FusedTables {
   static constexpr uint32_t kTileDoneWritten = kTileDoneMode + 2;           // [math warpgroups]
   static constexpr uint32_t kTileDoneMade = kTileDoneWritten + 2;           // [math warpgroups]
   static constexpr uint32_t kTileDoneRing = kTileDoneMade + 2;              // [math warpgroups][kTileDoneSlots]
-  // The dispatch warps' bulk staging (stage_send_rows): its halves' mbarriers, their phases.
+  // The dispatch warps' bulk staging (stage_send_inputs): its halves' mbarriers, their phases.
   static constexpr uint32_t kStageLoaded = (kTileDoneRing + 2 * kTileDoneSlots + 1) / 2 * 2;  // u64 mbarriers [2]
   static constexpr uint32_t kStagePhases = kStageLoaded + 2 * 2;
   static constexpr uint32_t kWords = kStagePhases + 1;
