@@ -11,7 +11,8 @@ or the producer's for bulk pulls); combine units end at their math warps' end. T
 and the span of each kind (first start to last end). For each GEMM kind it also gives, over a CTA's
 consecutive units of that kind, the median period (one unit's end to the next one's) and how long
 before the earlier unit's end the producer had found the next one's operands ready (a negative lead:
-the math warps waited for the producer).
+the math warps waited for the producer), and the same periods split by whether the CTA's own pull
+units were still running (the dispatch warps' pulls share the SM with its GEMM units).
 """
 import argparse
 import json
@@ -22,6 +23,8 @@ import sys
 KINDS = ["send", "pull", "shared L1", "routed L1", "routed L2", "shared L2", "combine"]
 COLORS = ["#8c564b", "#e377c2", "#17becf", "#1f77b4", "#ff7f0e", "#bcbd22", "#2ca02c"]
 CLAIMED, READY, DONE = 0, 1, 2
+# Units the dispatch warps (or the producer) run beside the math warps' sequence of units.
+DISPATCH_KINDS = (KINDS.index("send"), KINDS.index("pull"))
 
 
 def spans(events):
@@ -58,7 +61,8 @@ def gemm_rhythm(units):
     """{kind: (pairs, median period, median lead)} over each CTA's consecutive units of one GEMM kind."""
     by_cta = {}
     for unit in units:
-        by_cta.setdefault(unit[0], []).append(unit)
+        if unit[1] not in DISPATCH_KINDS:
+            by_cta.setdefault(unit[0], []).append(unit)
     periods, leads = {}, {}
     for mine in by_cta.values():
         mine.sort(key=lambda u: u[4])
@@ -70,10 +74,35 @@ def gemm_rhythm(units):
             for kind in periods}
 
 
+def pull_overlap(units):
+    """{kind: ((pairs, median period) while the CTA's own pull units run, (pairs, median) after)}:
+    each GEMM kind's periods (as gemm_rhythm's) split by whether the later unit ended before the
+    CTA's last pull unit did. Dispatch-warp pulls run beside the CTA's GEMM units and share its SM."""
+    pulls_end, by_cta = {}, {}
+    for unit in units:
+        if unit[1] == KINDS.index("pull"):
+            pulls_end[unit[0]] = max(pulls_end.get(unit[0], 0.0), unit[4])
+        elif unit[1] not in DISPATCH_KINDS:
+            by_cta.setdefault(unit[0], []).append(unit)
+    split = {}
+    for cta, mine in by_cta.items():
+        mine.sort(key=lambda u: u[4])
+        for before, after in zip(mine, mine[1:]):
+            if before[1] == after[1] and KINDS[after[1]].endswith(("L1", "L2")):
+                beside = after[4] <= pulls_end.get(cta, 0.0)
+                split.setdefault(after[1], ([], []))[0 if beside else 1].append(after[4] - before[4])
+    summary = lambda periods: (len(periods), statistics.median_high(periods) if periods else 0.0)
+    return {kind: (summary(beside), summary(after)) for kind, (beside, after) in split.items()}
+
+
 def summarize_rhythm(units):
     for kind, (pairs, period, lead) in sorted(gemm_rhythm(units).items()):
         print(f"  {KINDS[kind]:10s} period {period:8.1f} us per unit per CTA (median of {pairs}), "
               f"next unit ready {lead:6.1f} us before the one before ends")
+    for kind, ((beside, during), (alone, after)) in sorted(pull_overlap(units).items()):
+        if beside:
+            print(f"  {KINDS[kind]:10s} period {during:8.1f} us beside the CTA's own pulls ({beside} pairs), "
+                  f"{after:8.1f} us after them ({alone})")
 
 
 def plot(path, units):

@@ -35,6 +35,16 @@ def main():
         # Periods 50, 50 (CTA 0) and 60 (CTA 1): median 50; leads 4, 4 and -2: median 4.
         if (pairs, period, lead) != (3, 50.0, 4.0):
             failures.append(f'routed L1 rhythm {(pairs, period, lead)}, expected (3, 50.0, 4.0)')
+    # Pull overlap: CTA 2 pulls until 120 us; its L1 units end at 50, 100 (beside the pull: period 50)
+    # and 170, 230 (after it: periods 70, 60).
+    PULL = plot_trace.KINDS.index('pull')
+    pulled = unit(2, 2, PULL, 0, 0, 120)
+    for index, (claimed, done) in enumerate([(0, 50), (45, 100), (95, 170), (165, 230)]):
+        pulled += unit(2, 500 + index, ROUTED_L1, claimed, claimed + 1, done)
+    overlap = plot_trace.pull_overlap(plot_trace.spans(pulled))
+    expected = ((1, 50.0), (2, 70.0))  # median_high of 60 and 70
+    if overlap.get(ROUTED_L1) != expected:
+        failures.append(f'routed L1 beside/after pulls {overlap.get(ROUTED_L1)}, expected {expected}')
     for failure in failures:
         print('FAIL', failure)
     print('plot_trace_test:', 'failed' if failures else 'passed')
