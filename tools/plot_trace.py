@@ -31,7 +31,9 @@ def spans(events):
     """(cta, kind, wait_start, start, end) per unit, in µs."""
     by_unit = {}
     for cta, unit, kind, what, ns in events:
-        by_unit.setdefault(unit, {"cta": cta, "kind": kind})[what] = ns / 1000.0
+        entry = by_unit.setdefault(unit, {"cta": cta, "kind": kind})
+        # A bulk pull is done by two roles (the producer's bytes, the dispatch warps' scales): the later.
+        entry[what] = max(entry.get(what, 0.0), ns / 1000.0) if what == DONE else ns / 1000.0
     out = []
     for unit in by_unit.values():
         if DONE not in unit:

@@ -45,6 +45,12 @@ def main():
     expected = ((1, 50.0), (2, 70.0))  # median_high of 60 and 70
     if overlap.get(ROUTED_L1) != expected:
         failures.append(f'routed L1 beside/after pulls {overlap.get(ROUTED_L1)}, expected {expected}')
+    # A bulk pull's two roles log a done each (the producer's bytes at 80 us, the dispatch warps'
+    # scales at 60 us, in that order): the unit ends at the later one.
+    two_roles = unit(3, 3, PULL, 0, 0, 80) + [(3, 3, PULL, DONE, 60 * 1000)]
+    pull_span = plot_trace.spans(two_roles)
+    if [u[4] for u in pull_span] != [80.0]:
+        failures.append(f'pull done by two roles ends at {[u[4] for u in pull_span]}, expected [80.0]')
     for failure in failures:
         print('FAIL', failure)
     print('plot_trace_test:', 'failed' if failures else 'passed')

@@ -68,6 +68,15 @@ inline constexpr uint32_t kQueueSlots = 16;
 inline constexpr uint32_t kPullSegmentBytes = 4 * (kMaxSegments + 1);
 template <class Config>
 inline constexpr uint32_t kPullAreaBytes = Config::kScaleOffset + Config::kStages * Config::kScaleStride;
+// The bulk pulls are compiled into the prefill config only (units.h): the decode kernels spilled
+// with them. A bulk-pulled row is counted twice for its expert: once its bytes are in the pool (the
+// producer) and once its scales, route weight and source are (the dispatch warps).
+template <class Config>
+inline constexpr bool kBulkPullConfig = Config::kLayout == gemm::TileLayout::tokens_on_m;
+template <class Config>
+__device__ __forceinline__ uint32_t pull_counts_per_row(const UnitPlan& plan) {
+  return kBulkPullConfig<Config> && plan.bulk_pulls ? 2 : 1;
+}
 // The ring's last stage carries, with this bit, the unit the producer claimed but did not run (the
 // first combine unit, or one past the last): the math warps run it and claim the rest.
 inline constexpr uint32_t kEndBit = 0x80000000u;
@@ -371,7 +380,8 @@ __device__ OperandWait operand_wait(const FusedScheduler<Config>& s, const UnitR
   if (unit.kind == UnitKind::shared_l1)
     return {&s.control()->fused_sends_done, s.plan().send_units, kWaitFusedInputs, 0};
   if (unit.kind == UnitKind::routed_l1)
-    return {counters.rows_pulled + tile.group, s.group_begin()[tile.group + 1] - s.group_begin()[tile.group],
+    return {counters.rows_pulled + tile.group,
+            pull_counts_per_row<Config>(s.plan()) * (s.group_begin()[tile.group + 1] - s.group_begin()[tile.group]),
             kWaitFusedRows, tile.group};
   const uint32_t token_tile = s.token_tile(tile);
   if (unit.kind == UnitKind::routed_l2)
@@ -401,9 +411,24 @@ __device__ void push_dispatch(const FusedScheduler<Config>& s, gemm::RingPositio
   queue.advance();
 }
 
-// A pull unit (bulk_pulls), by the producer warp (all lanes): its share of the received rows into the
-// pool, each row counted for its expert once it is there. The pool's segments are built at the CTA's
-// first pull unit, once every rank's counts are in. False after a timeout.
+// Counts pool rows [first, first + count) pulled for their experts (one thread, release): the L1 tiles
+// read the rows through the async proxy once their expert's count is complete (pull_counts_per_row).
+__device__ inline void count_pulled_rows(uint32_t* rows_pulled, const dispatch::PoolSegments& segments,
+                                         uint32_t first, uint32_t count) {
+  for (uint32_t row = first; row < first + count;) {
+    const uint32_t expert = segments.find(row) / segments.num_ranks;
+    const uint32_t expert_end = segments.segment_begin[(expert + 1) * segments.num_ranks];
+    const uint32_t rows_of_expert = min(first + count, expert_end) - row;
+    cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(rows_pulled[expert])
+        .fetch_add(rows_of_expert, cuda::memory_order_release);
+    row += rows_of_expert;
+  }
+}
+
+// A pull unit (bulk_pulls), by the producer warp (all lanes): the bytes of its share of the received
+// rows into the pool, each row counted for its expert once it is there, while the dispatch warps copy
+// the rows' scales, route weights and sources (run_pull_metadata). The pool's segments are built at
+// the CTA's first pull unit, once every rank's counts are in. False after a timeout.
 template <class Config>
 __device__ bool run_pull(const FusedScheduler<Config>& s, uint32_t index, uint32_t lane) {
   const dispatch::DispatchArgs& a = s.params.dispatch;
@@ -420,20 +445,11 @@ __device__ bool run_pull(const FusedScheduler<Config>& s, uint32_t index, uint32
   }
   const UnitRange rows = pull_rows(index, s.plan().pull_units, segment_begin[segments.num_segments]);
   uint32_t* rows_pulled = s.counters().rows_pulled;
-  // The L1 tiles read the rows through the async proxy once their expert's count is complete.
   static_assert(kPullAreaBytes<Config> >= kPullSegmentBytes + 2 * 1024, "the pulls' bounce area");
   dispatch::BounceArea bounce{s.smem.base + kPullSegmentBytes, kPullAreaBytes<Config> - kPullSegmentBytes,
                               s.pull_loaded(), *s.pull_phases()};
   dispatch::pull_rows_bulk(a, segments, rows.begin, rows.end, bounce, lane, [&](uint32_t first, uint32_t count) {
-    for (uint32_t row = first; row < first + count;) {
-      const uint32_t segment = segments.find(row);
-      const uint32_t expert = segment / num_ranks;
-      const uint32_t expert_end = segment_begin[(expert + 1) * num_ranks];
-      const uint32_t rows_of_expert = min(first + count, expert_end) - row;
-      cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(rows_pulled[expert])
-          .fetch_add(rows_of_expert, cuda::memory_order_release);
-      row += rows_of_expert;
-    }
+    count_pulled_rows(rows_pulled, segments, first, count);
   });
   if (lane == 0) *s.pull_phases() = bounce.phases;  // lane 0 waited on the halves
   __syncwarp();
@@ -462,11 +478,15 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
     }
     const UnitRef ref = s.classify(unit);
     if (lane == 0) trace_event(s, TraceRole::producer, unit, ref.kind, TraceWhat::claimed);
-    // The bulk pulls are compiled into the prefill config only (units.h): the decode kernels spilled
-    // with them.
-    constexpr bool kBulkPulls = Config::kLayout == gemm::TileLayout::tokens_on_m;
-    if (ref.kind == UnitKind::send || (ref.kind == UnitKind::pull && !(kBulkPulls && s.plan().bulk_pulls))) {
+    // Send and pull units go to the dispatch warps; a bulk pull's bytes are the producer's too.
+    if (ref.kind == UnitKind::send || ref.kind == UnitKind::pull) {
       if (lane == 0) push_dispatch(s, queue, unit);
+      if constexpr (kBulkPullConfig<Config>) {
+        if (ref.kind == UnitKind::pull && s.plan().bulk_pulls) {
+          if (!run_pull(s, ref.index, lane)) break;
+          if (lane == 0) trace_event(s, TraceRole::producer, unit, ref.kind, TraceWhat::done);
+        }
+      }
       continue;
     }
     // Send and pull units come first: past them the dispatch warps are done, and wait at the CTA's
@@ -474,13 +494,6 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
     if (dispatch_open) {
       if (lane == 0) push_dispatch(s, queue, gemm::kNoUnit);
       dispatch_open = false;
-    }
-    if constexpr (kBulkPulls) {
-      if (ref.kind == UnitKind::pull) {
-        if (!run_pull(s, ref.index, lane)) break;
-        if (lane == 0) trace_event(s, TraceRole::producer, unit, ref.kind, TraceWhat::done);
-        continue;
-      }
     }
     if (!is_gemm(ref.kind)) {
       handed_over = kEndBit | unit;
@@ -612,6 +625,26 @@ __device__ void run_dispatch_pull(const FusedScheduler<Config>& s, uint32_t inde
   }
 }
 
+// A pull unit (bulk_pulls), by the dispatch warps: its rows' scales, route weights and sources into
+// the pool while the producer copies their bytes (run_pull), each row counted for its expert again.
+template <class Config>
+__device__ void run_pull_metadata(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread, uint32_t lane) {
+  const dispatch::DispatchArgs& a = s.params.dispatch;
+  if (!group_flag(s.words(FusedTables::kDispatchFlag), thread, DispatchSync{},
+                  [&] { return device::rank_wait(s.view(), s.control(), s.epoch(1)); }))
+    return;
+  uint32_t* segment_begin = s.dispatch_table();
+  dispatch::build_segments(a, segment_begin, thread, kDispatchThreads, DispatchSync{}, false);  // run_pull publishes
+  const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
+  const dispatch::PoolSegments segments{segment_begin, a.layout.experts_per_rank * num_ranks, num_ranks};
+  const UnitRange rows = pull_rows(index, s.plan().pull_units, segment_begin[segments.num_segments]);
+  uint32_t* rows_pulled = s.counters().rows_pulled;
+  dispatch::pull_rows_metadata(a, segments, rows.begin, rows.end, thread / 32, kDispatchThreads / 32, lane,
+                               [&](uint32_t first, uint32_t count) {
+                                 count_pulled_rows(rows_pulled, segments, first, count);
+                               });
+}
+
 // The dispatch warps: run the send and pull units the producer hands them, in order.
 template <class Config>
 __device__ void dispatch_fused(const FusedScheduler<Config>& s, uint32_t thread, uint32_t lane) {
@@ -624,6 +657,7 @@ __device__ void dispatch_fused(const FusedScheduler<Config>& s, uint32_t thread,
     if (unit == gemm::kNoUnit) return;
     const UnitRef ref = s.classify(unit);
     if (ref.kind == UnitKind::send) run_send(s, ref.index, thread);
+    else if (kBulkPullConfig<Config> && s.plan().bulk_pulls) run_pull_metadata(s, ref.index, thread, lane);
     else run_dispatch_pull(s, ref.index, thread, lane);
     DispatchSync{}();  // the table and the slot are free again
     if (thread == 0) trace_event(s, TraceRole::dispatch, unit, ref.kind, TraceWhat::done);
