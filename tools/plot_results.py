@@ -358,13 +358,17 @@ def plot(results, out_dir):
     groups = layer_groups(results)
     order = sorted(groups, key=lambda k: (k[0], k[2], k[1], k[3], k[5]))
     styles = {"staged": "-", "fused": "--"}
+    # One colour per problem (preset, ranks, mode, recipe, routing), the line style per schedule.
+    problems = sorted({k[:5] for k in order})
+    palette = plt.get_cmap("tab10")
+    colour = {problem: palette(i % 10) for i, problem in enumerate(problems)}
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for key in order:
         rows = groups[key][1]
         tokens = [r["tokens_per_rank"] for r in rows]
         ax.plot(tokens, [number(r.get("graph_roofline_fraction", r.get("roofline_fraction"))) for r in rows],
-                styles.get(key[5], ":"), marker="o", label=group_label(key))
+                styles.get(key[5], ":"), marker="o", color=colour[key[:5]], label=group_label(key))
     ax.set(xlabel="tokens per rank", ylabel="roofline fraction (graph replay)", ylim=(0, 1.05),
            title="The layer against its floors (compute, HBM, NVLink at same-run ceilings)")
     ax.set_xscale("log", base=2)
@@ -377,7 +381,7 @@ def plot(results, out_dir):
         rows = [r for r in groups[key][1] if not math.isnan(number(r.get("graph_speedup")))]
         if rows:
             ax.plot([r["tokens_per_rank"] for r in rows], [number(r["graph_speedup"]) for r in rows],
-                    styles.get(key[5], ":"), marker="o", label=group_label(key))
+                    styles.get(key[5], ":"), marker="o", color=colour[key[:5]], label=group_label(key))
     ax.axhline(1.0, color="gray", linewidth=0.8)
     ax.set(xlabel="tokens per rank", ylabel="speed-up over the unfused baseline (graph replay)",
            title="Speed-up over NCCL all-to-all + cuBLASLt per-expert GEMMs")
@@ -386,6 +390,26 @@ def plot(results, out_dir):
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     save(fig, "layer_speedup")
+
+    # Which schedule to pick: the fused call's time over the staged one's, from the same file (same run).
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for problem in problems:
+        staged, fused = groups.get(problem + ("staged",)), groups.get(problem + ("fused",))
+        if not staged or not fused or staged[0] is not fused[0]:
+            continue
+        staged_us = {r["tokens_per_rank"]: number(r.get("graph_us")) for r in staged[1]}
+        points = [(r["tokens_per_rank"], number(r.get("graph_us")) / staged_us[r["tokens_per_rank"]])
+                  for r in fused[1] if staged_us.get(r["tokens_per_rank"], 0) > 0]
+        if points:
+            ax.plot(*zip(*points), "-", marker="o", color=colour[problem],
+                    label=group_label(problem + ("fused",)).rsplit(",", 1)[0])
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set(xlabel="tokens per rank", ylabel="fused time / staged time (graph replay, same run)",
+           title="The fused schedule against the staged one (below 1: fused is faster)")
+    ax.set_xscale("log", base=2)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    save(fig, "layer_schedules")
 
     rows = gemm_rows(results)
     if rows:
@@ -445,7 +469,7 @@ def main():
         return 0
     if not args.tables:
         plot(results, os.path.join(args.root, "docs", "img"))
-        print("plot_results: wrote docs/img/{layer_roofline,layer_speedup,gemm_ceilings}.{svg,png}")
+        print("plot_results: wrote docs/img/{layer_roofline,layer_speedup,layer_schedules,gemm_ceilings}.{svg,png}")
     return 0
 
 
