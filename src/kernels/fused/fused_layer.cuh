@@ -597,19 +597,33 @@ __device__ void run_send(const FusedScheduler<Config>& s, uint32_t index, uint32
   if (thread == 0) device::rank_arrive(s.view(), s.control(), s.epoch(1));
 }
 
+// The dispatch warps' start of pull unit `index`: once every rank's counts are in, the pool's segments
+// built in their table (published by the unit's builder when `publish`), and the unit's rows. False
+// after a timeout.
+template <class Config>
+__device__ bool start_dispatch_pull(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread, bool publish,
+                                    dispatch::PoolSegments& segments, UnitRange& rows) {
+  const dispatch::DispatchArgs& a = s.params.dispatch;
+  if (!group_flag(s.words(FusedTables::kDispatchFlag), thread, DispatchSync{},
+                  [&] { return device::rank_wait(s.view(), s.control(), s.epoch(1)); }))
+    return false;
+  uint32_t* segment_begin = s.dispatch_table();
+  dispatch::build_segments(a, segment_begin, thread, kDispatchThreads, DispatchSync{}, publish);
+  const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
+  segments = {segment_begin, a.layout.experts_per_rank * num_ranks, num_ranks};
+  rows = pull_rows(index, s.plan().pull_units, segment_begin[segments.num_segments]);
+  return true;
+}
+
 // A pull unit (at decode), by the dispatch warps: its share of the received rows into the pool, each
 // row counted for its expert.
 template <class Config>
 __device__ void run_dispatch_pull(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread, uint32_t lane) {
   const dispatch::DispatchArgs& a = s.params.dispatch;
-  if (!group_flag(s.words(FusedTables::kDispatchFlag), thread, DispatchSync{},
-                  [&] { return device::rank_wait(s.view(), s.control(), s.epoch(1)); }))
-    return;
-  uint32_t* segment_begin = s.dispatch_table();
-  dispatch::build_segments(a, segment_begin, thread, kDispatchThreads, DispatchSync{}, index == 0);
-  const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
-  const dispatch::PoolSegments segments{segment_begin, a.layout.experts_per_rank * num_ranks, num_ranks};
-  const UnitRange rows = pull_rows(index, s.plan().pull_units, segment_begin[segments.num_segments]);
+  dispatch::PoolSegments segments;
+  UnitRange rows;
+  if (!start_dispatch_pull(s, index, thread, index == 0, segments, rows)) return;
+  const uint32_t num_ranks = segments.num_ranks;
   uint32_t* rows_pulled = s.counters().rows_pulled;
   constexpr uint32_t kWarps = kDispatchThreads / 32;
   for (uint32_t row = rows.begin + thread / 32; row < rows.end; row += kWarps) {
@@ -630,14 +644,9 @@ __device__ void run_dispatch_pull(const FusedScheduler<Config>& s, uint32_t inde
 template <class Config>
 __device__ void run_pull_metadata(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread, uint32_t lane) {
   const dispatch::DispatchArgs& a = s.params.dispatch;
-  if (!group_flag(s.words(FusedTables::kDispatchFlag), thread, DispatchSync{},
-                  [&] { return device::rank_wait(s.view(), s.control(), s.epoch(1)); }))
-    return;
-  uint32_t* segment_begin = s.dispatch_table();
-  dispatch::build_segments(a, segment_begin, thread, kDispatchThreads, DispatchSync{}, false);  // run_pull publishes
-  const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
-  const dispatch::PoolSegments segments{segment_begin, a.layout.experts_per_rank * num_ranks, num_ranks};
-  const UnitRange rows = pull_rows(index, s.plan().pull_units, segment_begin[segments.num_segments]);
+  dispatch::PoolSegments segments;
+  UnitRange rows;
+  if (!start_dispatch_pull(s, index, thread, false, segments, rows)) return;  // run_pull publishes
   uint32_t* rows_pulled = s.counters().rows_pulled;
   dispatch::pull_rows_metadata(a, segments, rows.begin, rows.end, thread / 32, kDispatchThreads / 32, lane,
                                [&](uint32_t first, uint32_t count) {
