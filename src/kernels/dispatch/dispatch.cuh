@@ -312,7 +312,7 @@ __device__ inline void pull_row(const DispatchArgs& a, const PoolSegments& segme
   }
 }
 
-// Scale loads in flight per lane while pull_rows_bulk copies a batch's scales.
+// Scale loads in flight per lane while pull_rows_metadata copies 32 rows' scales.
 inline constexpr uint32_t kBounceScaleLoads = 8;
 
 // A shared-memory area that bulk copies (TMA) pass data through, in two halves: one half's loads
