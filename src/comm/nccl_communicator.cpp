@@ -26,6 +26,7 @@ class NcclCommunicator final : public Communicator {
  public:
   explicit NcclCommunicator(ncclComm_t comm) : comm_(comm) {
     require(comm != nullptr, "Communicator::from_nccl", "the NCCL communicator is null");
+    comm_detail::check_nccl_runtime_version();
     MEGAMOE_CHECK_NCCL(ncclCommUserRank(comm, &rank_), comm);
     MEGAMOE_CHECK_NCCL(ncclCommCount(comm, &size_), comm);
     MEGAMOE_CHECK_NCCL(ncclCommCuDevice(comm, &device_), comm);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/agreement.h"
+#include "comm/check.h"
 #include "comm/emulated.h"
 #include "comm/scoped_env.h"
 #include "megamoe/comm.h"
@@ -232,6 +233,16 @@ TEST(EmulatedGroup, AbortReleasesWaitingRanksWithAnError) {
   for (std::thread& thread : threads) thread.join();
   EXPECT_EQ(released.load(), 2);
   EXPECT_THROW(group.all_gather(2, {1}), Error);
+}
+
+// The loaded libnccl must be the release whose device API the build compiled in.
+TEST(NcclVersion, OnlyTheCompiledReleaseIsAccepted) {
+  using comm_detail::nccl_version_mismatch;
+  EXPECT_EQ(nccl_version_mismatch(22809, 22809, "/lib/libnccl.so.2"), "");
+  const std::string older = nccl_version_mismatch(22809, 22703, "/usr/lib/libnccl.so.2");
+  EXPECT_NE(older.find("compiled against NCCL 2.28.9"), std::string::npos) << older;
+  EXPECT_NE(older.find("loaded NCCL 2.27.3 from /usr/lib/libnccl.so.2"), std::string::npos) << older;
+  EXPECT_NE(nccl_version_mismatch(22809, 22810, "").find("from an unknown path"), std::string::npos);
 }
 
 }  // namespace
