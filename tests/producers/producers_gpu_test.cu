@@ -94,6 +94,10 @@ TEST(RouterLogitsGpu, MatchesTheReference) {
   check_logits(129, 4096, 128, seed + 1);  // Qwen3
   check_logits(100, 4096, 8, seed + 2);    // Mixtral: a partial expert tile
   check_logits(1, 2944, 128, seed + 3);    // gpt-oss, one token
+  check_logits(16, 7168, 256, seed + 4);   // the most tokens of the few-token kernel
+  check_logits(17, 4096, 8, seed + 5);     // the fewest of the tiles
+  check_logits(5, 4104, 3, seed + 6);      // K not a multiple of 64 nor of the block's pieces
+  check_logits(33, 4104, 70, seed + 7);    // the same in the tiles, and a partial expert tile
 }
 
 // The reference's choice values in double, for the margins of its decisions.

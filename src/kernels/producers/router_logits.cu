@@ -1,7 +1,8 @@
-// The router's logits on the tensor cores (megamoe/producers.h): logits = x · weightᵀ, BF16 in, FP32
-// sums. A block of four warps computes 64 tokens x 64 experts, K 32 at a time through shared memory
-// (zero-filled past the edges, so any token and expert count works); each warp holds 16 tokens x 64
-// experts of accumulators (WMMA 16x16x16 fragments).
+// The router's logits (megamoe/producers.h): logits = x · weightᵀ, BF16 in, FP32 sums. On the tensor
+// cores, a block of four warps computes 64 tokens x 64 experts, K 64 at a time through shared memory
+// (zero-filled past the edges, so any token and expert count works; the next step's loads in flight
+// during this one's products); each warp holds 16 tokens x 64 experts of accumulators (WMMA 16x16x16
+// fragments). A few tokens take a kernel of their own (router_logits_few_tokens_kernel).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <mma.h>
@@ -16,10 +17,69 @@ namespace {
 
 namespace wmma = nvcuda::wmma;
 
-constexpr int kTileTokens = 64, kTileExperts = 64, kTileK = 32, kThreads = 128;
+constexpr int kTileTokens = 64, kTileExperts = 64, kTileK = 64, kThreads = 128;
+// 16-byte pieces of one K step of both operands, per thread.
+constexpr int kPieces = 2 * kTileTokens * (kTileK / 8) / kThreads;
 // Rows of kTileK BF16 padded by 8 (16 bytes): WMMA loads need 16-byte aligned rows, and the padding
 // spreads a fragment's rows over the banks.
 constexpr int kRowStride = kTileK + 8;
+
+// A 16-byte piece of a K step: 8 values of an x row (token) or a weight row (expert).
+struct Piece {
+  bool is_x;
+  int row;
+  int col;
+};
+__device__ Piece piece_of(int piece) {
+  const bool is_x = piece < kTileTokens * (kTileK / 8);
+  const int local = is_x ? piece : piece - kTileTokens * (kTileK / 8);
+  return {is_x, local / (kTileK / 8), (local % (kTileK / 8)) * 8};
+}
+
+// Up to kFewTokens tokens (decode) the tiles above would leave most SMs idle while a few blocks walk
+// K: instead one block per expert, its warps splitting K in 16-byte pieces, each thread holding a
+// partial sum per token; the warps' sums meet in shared memory in a fixed order (deterministic).
+constexpr int kFewTokens = 16;
+constexpr int kFewThreads = 256;
+
+__global__ void __launch_bounds__(kFewThreads) router_logits_few_tokens_kernel(const __nv_bfloat16* x,
+                                                                               const __nv_bfloat16* weight,
+                                                                               float* logits, int32_t tokens,
+                                                                               int32_t hidden, int32_t experts) {
+  __shared__ float warp_sums[kFewThreads / 32][kFewTokens];
+  const int32_t expert = static_cast<int32_t>(blockIdx.x);
+  const int32_t pieces = hidden / 8;
+  float sum[kFewTokens] = {};
+  for (int32_t piece = static_cast<int32_t>(threadIdx.x); piece < pieces; piece += kFewThreads) {
+    const uint4 w = *reinterpret_cast<const uint4*>(weight + static_cast<int64_t>(expert) * hidden + piece * 8);
+    const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&w);
+#pragma unroll
+    for (int t = 0; t < kFewTokens; ++t) {
+      if (t >= tokens) break;
+      const uint4 v = *reinterpret_cast<const uint4*>(x + static_cast<int64_t>(t) * hidden + piece * 8);
+      const __nv_bfloat162* v2 = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 a = __bfloat1622float2(v2[j]), b = __bfloat1622float2(w2[j]);
+        sum[t] = fmaf(a.x, b.x, fmaf(a.y, b.y, sum[t]));
+      }
+    }
+  }
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+#pragma unroll
+  for (int t = 0; t < kFewTokens; ++t) {
+    if (t >= tokens) break;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum[t] += __shfl_xor_sync(0xFFFFFFFFu, sum[t], offset);
+    if (lane == 0) warp_sums[warp][t] = sum[t];
+  }
+  __syncthreads();
+  if (static_cast<int32_t>(threadIdx.x) < tokens) {
+    float total = 0.0f;
+    for (int w = 0; w < kFewThreads / 32; ++w) total += warp_sums[w][threadIdx.x];
+    logits[static_cast<int64_t>(threadIdx.x) * experts + expert] = total;
+  }
+}
 
 __global__ void __launch_bounds__(kThreads) router_logits_kernel(const __nv_bfloat16* x, const __nv_bfloat16* weight,
                                                                  float* logits, int32_t tokens, int32_t hidden,
@@ -35,22 +95,31 @@ __global__ void __launch_bounds__(kThreads) router_logits_kernel(const __nv_bflo
 #pragma unroll
   for (int n = 0; n < kTileExperts / 16; ++n) wmma::fill_fragment(acc[n], 0.0f);
 
-  for (int32_t k0 = 0; k0 < hidden; k0 += kTileK) {
-    // 64 rows x 32 values of each operand: 8-value (16-byte) pieces, four per row, two per thread.
-    for (int piece = static_cast<int>(threadIdx.x); piece < 2 * kTileTokens * (kTileK / 8); piece += kThreads) {
-      const bool is_x = piece < kTileTokens * (kTileK / 8);
-      const int local = is_x ? piece : piece - kTileTokens * (kTileK / 8);
-      const int row = local / (kTileK / 8), col = (local % (kTileK / 8)) * 8;
-      const int32_t global_row = (is_x ? token0 : expert0) + row;
-      const bool inside = global_row < (is_x ? tokens : experts) && k0 + col < hidden;
-      uint4 values = make_uint4(0, 0, 0, 0);
+  // This thread's pieces of a K step; zero past the edges.
+  const auto load_step = [&](int32_t k0, uint4 (&values)[kPieces]) {
+#pragma unroll
+    for (int i = 0; i < kPieces; ++i) {
+      const Piece p = piece_of(static_cast<int>(threadIdx.x) + i * kThreads);
+      const int32_t global_row = (p.is_x ? token0 : expert0) + p.row;
+      const bool inside = global_row < (p.is_x ? tokens : experts) && k0 + p.col < hidden;
+      values[i] = make_uint4(0, 0, 0, 0);
       if (inside) {
-        const __nv_bfloat16* source = (is_x ? x : weight) + static_cast<int64_t>(global_row) * hidden + k0 + col;
-        values = *reinterpret_cast<const uint4*>(source);
+        values[i] = *reinterpret_cast<const uint4*>((p.is_x ? x : weight) + static_cast<int64_t>(global_row) * hidden +
+                                                    k0 + p.col);
       }
-      *reinterpret_cast<uint4*>((is_x ? tile_x : tile_w) + row * kRowStride + col) = values;
+    }
+  };
+  uint4 next[kPieces];
+  load_step(0, next);
+  for (int32_t k0 = 0; k0 < hidden; k0 += kTileK) {
+#pragma unroll
+    for (int i = 0; i < kPieces; ++i) {
+      const Piece p = piece_of(static_cast<int>(threadIdx.x) + i * kThreads);
+      *reinterpret_cast<uint4*>((p.is_x ? tile_x : tile_w) + p.row * kRowStride + p.col) = next[i];
     }
     __syncthreads();
+    // The next step's loads are in flight while the tensor cores work on this one.
+    if (k0 + kTileK < hidden) load_step(k0 + kTileK, next);
 #pragma unroll
     for (int kk = 0; kk < kTileK; kk += 16) {
       wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
@@ -93,6 +162,14 @@ void router_logits(const TensorView& x, const TensorView& weight, const TensorVi
   check_tensor(weight, "weight", DType::bf16, {experts, hidden}, Device::cuda);
   check_tensor(logits, "logits", DType::f32, {tokens, experts}, Device::cuda);
   if (tokens == 0) return;
+  if (tokens <= kFewTokens) {
+    router_logits_few_tokens_kernel<<<static_cast<unsigned>(experts), kFewThreads, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(x.data), static_cast<const __nv_bfloat16*>(weight.data), logits.as<float>(),
+        static_cast<int32_t>(tokens), static_cast<int32_t>(hidden), static_cast<int32_t>(experts));
+    const cudaError_t status = cudaGetLastError();
+    require(status == cudaSuccess, "router_logits", "launch failed: ", cudaGetErrorString(status));
+    return;
+  }
   const dim3 grid(static_cast<unsigned>((tokens + kTileTokens - 1) / kTileTokens),
                   static_cast<unsigned>((experts + kTileExperts - 1) / kTileExperts));
   router_logits_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(x.data),
