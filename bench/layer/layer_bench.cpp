@@ -33,6 +33,8 @@
 #include "megamoe/formats.h"
 #include "megamoe/layout.h"
 #include "megamoe/layer.h"
+#include "megamoe/producers.h"
+#include "megamoe/router.h"
 
 namespace megamoe::bench {
 
@@ -84,6 +86,8 @@ struct RankMeasures {
   double graph_us[2] = {kNaN, kNaN};
   int64_t launches[2] = {0, 0};
   double gemm_only_us = kNaN;  // the staged call's L1 and L2 launches alone, on the same rows
+  double producers_graph_us = kNaN;          // --producers: the producers alone, as a graph
+  double end_to_end_graph_us[2] = {kNaN, kNaN};  // the producers, then the call, as one graph
   double baseline_us = kNaN;
   double diff_squares = kNaN;      // sum over this rank's y of (baseline - fused)^2
   double fused_squares = kNaN;     // sum of fused^2
@@ -182,7 +186,66 @@ struct BenchData {
   std::vector<Schedule> schedules;
   bool inputs_in_buffer = false;
   std::string trace_dir;  // empty: no event logs
+  bool producers = false;
+  RouterConfig router;  // the preset's, for --producers
 };
+
+// What an engine runs on a rank's tokens before the layer (producers.h), in batch mode: the router's
+// logits and top-k on BF16 activations, then their 1x128 quantization (fp8 recipes; bf16 takes x as
+// it is). Inputs are random; outputs go to scratch, so that the timed layer calls keep the
+// benchmark's routing: the kernels and their order are an engine's, the data dependence is not.
+class BatchProducers {
+ public:
+  BatchProducers(const Problem& p, const RouterConfig& router, uint64_t seed, DeviceArena& memory)
+      : problem_(p), router_(router) {
+    const int64_t tokens = p.max_tokens_per_rank, hidden = p.hidden, experts = router.num_experts;
+    std::vector<uint16_t> host(static_cast<size_t>(std::max(tokens, experts) * hidden));
+    uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (uint16_t& v : host) {  // BF16 values of magnitude about 1 (xorshift; the values do not matter)
+      state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+      v = static_cast<uint16_t>(0x3F00 | (state & 0x80FF));
+    }
+    x_ = memory.allocate<uint16_t>(tokens * hidden, "bench: producers' x");
+    weight_ = memory.allocate<uint16_t>(experts * hidden, "bench: router weight");
+    MEGAMOE_CHECK_CUDA(cudaMemcpy(x_, host.data(), tokens * hidden * 2, cudaMemcpyHostToDevice));
+    MEGAMOE_CHECK_CUDA(cudaMemcpy(weight_, host.data(), experts * hidden * 2, cudaMemcpyHostToDevice));
+    logits_ = memory.allocate<float>(tokens * experts, "bench: router logits");
+    topk_idx_ = memory.allocate<int32_t>(tokens * router.top_k, "bench: producers' topk_idx");
+    topk_weights_ = memory.allocate<float>(tokens * router.top_k, "bench: producers' topk_weights");
+    x_out_ = memory.allocate<uint8_t>(tokens * hidden, "bench: producers' quantized x");
+    x_scales_ = memory.allocate<float>(tokens * (hidden / kScaleBlock), "bench: producers' x scales");
+  }
+
+  void run(int64_t tokens, cudaStream_t stream) const {
+    const int64_t hidden = problem_.hidden, experts = router_.num_experts, k = router_.top_k;
+    const auto view = [](void* data, DType dtype, std::initializer_list<int64_t> shape) {
+      return TensorView::contiguous(data, dtype, shape, Device::cuda);
+    };
+    const TensorView x = view(x_, DType::bf16, {tokens, hidden});
+    const TensorView logits = view(logits_, DType::f32, {tokens, experts});
+    router_logits(x, view(weight_, DType::bf16, {experts, hidden}), logits, stream);
+    route_tokens(router_, logits, TensorView{}, view(topk_idx_, DType::i32, {tokens, k}),
+                 view(topk_weights_, DType::f32, {tokens, k}), stream);
+    if (problem_.recipe != Recipe::bf16) {
+      quantize_activations(x, view(x_out_, DType::e4m3, {tokens, hidden}),
+                           view(x_scales_, DType::f32, {tokens, hidden / kScaleBlock}), stream);
+    }
+  }
+
+ private:
+  Problem problem_;
+  RouterConfig router_;
+  uint16_t *x_ = nullptr, *weight_ = nullptr;
+  float *logits_ = nullptr, *topk_weights_ = nullptr, *x_scales_ = nullptr;
+  int32_t* topk_idx_ = nullptr;
+  uint8_t* x_out_ = nullptr;
+};
+
+// The router of a preset's model for --producers: DeepSeek-V3's group-limited sigmoid, else softmax top-k.
+RouterConfig preset_router(const Preset& preset, const Problem& p) {
+  if (preset.name == "deepseek-v3") return deepseek_v3_router();
+  return softmax_router(p.num_experts, p.top_k, true);
+}
 
 class EventPair {
  public:
@@ -394,6 +457,8 @@ void bench_rank(Communicator& comm, const BenchData& data, const SharedArray<Ran
   for (size_t s = 0; s < data.batches.size(); ++s) inputs[s]->fill(data.batches[s][static_cast<size_t>(rank)], stream);
   const std::unique_ptr<UnfusedBaseline> unfused =
       with_baseline ? std::make_unique<UnfusedBaseline>(comm, p, weights->view()) : nullptr;
+  const std::unique_ptr<BatchProducers> producers =
+      data.producers ? std::make_unique<BatchProducers>(p, data.router, data.seed, memory) : nullptr;
   comm.barrier();  // every rank has allocated before any rank launches
 
   for (size_t s = 0; s < data.batches.size(); ++s) {
@@ -420,7 +485,26 @@ void bench_rank(Communicator& comm, const BenchData& data, const SharedArray<Ran
     if (unfused) {
       calls.push_back([&] { unfused->run(in, y_view(baseline_y, in.num_tokens, p.hidden), stream); });
     }
+    const size_t first_producer_call = calls.size();
+    if (producers) {
+      graphs.push_back(std::make_unique<CapturedCall>(stream, [&] { producers->run(in.num_tokens, stream); }));
+      for (Schedule schedule : data.schedules) {
+        graphs.push_back(std::make_unique<CapturedCall>(stream, [&] {
+          producers->run(in.num_tokens, stream);
+          call_layer(buffer, in, weights->view(), fused_out, stream, schedule);
+        }));
+      }
+      for (size_t g = graphs.size() - data.schedules.size() - 1; g < graphs.size(); ++g) {
+        cudaGraphExec_t exec = graphs[g]->exec;
+        calls.push_back([&, exec] { MEGAMOE_CHECK_CUDA(cudaGraphLaunch(exec, stream)); });
+      }
+    }
     const std::vector<double> medians = median_calls_us(comm, stream, data.repeats, calls);
+    if (producers) {
+      m.producers_graph_us = medians[first_producer_call];
+      for (size_t i = 0; i < data.schedules.size(); ++i)
+        m.end_to_end_graph_us[static_cast<size_t>(data.schedules[i])] = medians[first_producer_call + 1 + i];
+    }
     for (size_t i = 0; i < data.schedules.size(); ++i) {
       const size_t which = static_cast<size_t>(data.schedules[i]);
       m.us[which] = medians[2 * i];
@@ -430,7 +514,7 @@ void bench_rank(Communicator& comm, const BenchData& data, const SharedArray<Ran
     m.gemm_only_us = medians[2 * data.schedules.size()];
     buffer.check_device_error(stream);
     if (unfused) {
-      m.baseline_us = medians.back();
+      m.baseline_us = medians[first_producer_call - 1];
       // y of the last call in the last round: every schedule's y is checked against the reference by
       // the tests; here the baseline's is compared with it.
       call_layer(buffer, in, weights->view(), fused_out, stream, data.schedules.front());
@@ -474,7 +558,8 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 const char* bench_usage() {
   return "  megamoe bench --preset NAME [--ranks R] [--tokens LIST] [--recipe fp8|fp8_fp4|bf16]\n"
          "                [--routing uniform|zipf] [--schedule staged,fused] [--seed S] [--repeats N]\n"
-         "                [--inputs copied|buffer] [--trace DIR] --out FILE\n"
+         "                [--inputs copied|buffer] [--producers on|off] [--trace DIR]\n"
+         "                --out FILE\n"
          "\n"
          "Times the whole layer and an unfused baseline (NCCL all-to-all, cuBLASLt per-expert GEMMs and\n"
          "permute/SwiGLU/combine kernels) for each token count, with floors from ceilings measured in\n"
@@ -487,6 +572,10 @@ const char* bench_usage() {
          "  --inputs   where the calls read x, its scales and the route weights: copied (default: from\n"
          "             separate tensors, which each call copies into the buffer) or buffer (from the\n"
          "             buffer's own input regions, written once before the timed calls)\n"
+         "  --producers on: also time what an engine runs before the layer (the router's logits and\n"
+         "             top-k, the activations' quantization; megamoe/producers.h), alone and followed by\n"
+         "             the layer, both as graphs: rows add producers_graph_us, end_to_end_graph_us and\n"
+         "             producer_fraction (their share of the end-to-end time); default off\n"
          "  --trace    after each size, one more fused call with its event log, written to\n"
          "             DIR/trace-<tokens>-r<rank>.json (tools/plot_trace.py draws it)\n"
          "  --out      the JSON results file (its directory must exist)\n";
@@ -494,7 +583,7 @@ const char* bench_usage() {
 
 BenchOptions parse_bench(const std::vector<std::string>& args) {
   const Flags flags(args, {"--preset", "--ranks", "--tokens", "--recipe", "--routing", "--seed", "--repeats",
-                           "--schedule", "--inputs", "--trace", "--out"});
+                           "--schedule", "--inputs", "--producers", "--trace", "--out"});
   BenchOptions options;
   options.command = "megamoe bench";
   for (const std::string& arg : args) options.command += " " + arg;
@@ -527,6 +616,10 @@ BenchOptions parse_bench(const std::vector<std::string>& args) {
   if (auto text = flags.value("--inputs")) {
     require(*text == "copied" || *text == "buffer", "--inputs", "must be copied or buffer, got '", *text, "'");
     options.inputs_in_buffer = *text == "buffer";
+  }
+  if (auto text = flags.value("--producers")) {
+    require(*text == "on" || *text == "off", "--producers", "must be on or off, got '", *text, "'");
+    options.producers = *text == "on";
   }
   if (auto text = flags.value("--seed")) options.seed = parse_number<uint64_t>("--seed", *text, 0, UINT64_MAX);
   if (auto text = flags.value("--repeats")) options.repeats = parse_number<int32_t>("--repeats", *text, 1, 10000);
@@ -683,6 +776,8 @@ void run_bench(const BenchOptions& options) {
   data.inputs_in_buffer = options.inputs_in_buffer;
   data.trace_dir = options.trace_dir;
   data.with_baseline = with_baseline;
+  data.producers = options.producers;
+  if (options.producers) data.router = preset_router(*options.preset, problem);
   for (int32_t tokens : options.tokens) {
     data.batches.push_back(synthetic_batches(problem, std::vector<int32_t>(static_cast<size_t>(ranks), tokens),
                                              options.routing, options.seed));
@@ -761,12 +856,14 @@ void run_bench(const BenchOptions& options) {
     }
     for (Schedule schedule : options.schedules) {
       const size_t which = static_cast<size_t>(schedule);
-      double us = 0, graph_us = 0;
+      double us = 0, graph_us = 0, producers_us = 0, end_to_end_us = 0;
       int64_t launches = 0;
       for (int32_t r = 0; r < ranks; ++r) {
         us = std::max(us, row[r].us[which]);
         graph_us = std::max(graph_us, row[r].graph_us[which]);
         launches = std::max(launches, row[r].launches[which]);
+        producers_us = std::max(producers_us, row[r].producers_graph_us);
+        end_to_end_us = std::max(end_to_end_us, row[r].end_to_end_graph_us[which]);
       }
       const Rates rates = layer_rates(work, us, emulated);
       const double speedup = baseline_us / us;
@@ -815,6 +912,13 @@ void run_bench(const BenchOptions& options) {
                              {"repeats", static_cast<long long>(options.repeats)},
                              {"baseline_y_error", y_error},
                              {"baseline_check_error", check_error}});
+      if (options.producers) {
+        std::printf("%11s %-8s     | producers %.1f us, producers + layer %.1f us (graphs): producer fraction %.3f\n",
+                    "", "", producers_us, end_to_end_us, producers_us / end_to_end_us);
+        report.rows.back().push_back({"producers_graph_us", producers_us});
+        report.rows.back().push_back({"end_to_end_graph_us", end_to_end_us});
+        report.rows.back().push_back({"producer_fraction", producers_us / end_to_end_us});
+      }
     }
   }
   std::printf(

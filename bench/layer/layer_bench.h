@@ -30,6 +30,9 @@ struct BenchOptions {
   // regions (buffer_input_views), as an engine that writes them there does; copied: from separate
   // tensors, which each call first copies into those regions.
   bool inputs_in_buffer = false;
+  // --producers: also times what an engine runs before the layer (producers.h: the router's logits
+  // and top-k, the activations' quantization for fp8 recipes), alone and followed by the layer.
+  bool producers = false;
   std::string out;      // the JSON results file
   std::string trace_dir;  // --trace: one fused call's event log per size and rank, as JSON, here
   std::string command;  // the command line, for the report

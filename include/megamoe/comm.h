@@ -93,6 +93,8 @@ class SymmBuffer {
 
   // Waits for `stream`, then throws megamoe::Error with the device's first recorded error (rank,
   // block, what it waited on, expected and seen values) and clears it; returns when there is none.
+  // Clearing also zeroes this rank's front ring: after an error every rank must call it (and meet at
+  // a barrier) before the next streamed call.
   void check_device_error(cudaStream_t stream);
 
  private:

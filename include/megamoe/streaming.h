@@ -76,6 +76,9 @@ MEGAMOE_HD FrontSlotMeta front_chunk_meta(uint32_t tokens, uint32_t tokens_per_s
 //                                       this rank's consumer's next sequence number per source rank
 //   ready         u64 [2][num_slots]    published generation per half (FrontHalf) and slot
 //   consumed      u64 [num_slots][num_ranks]   generation each destination rank has acknowledged
+//   publish_counts u32 [2][num_slots + 1]   per producer half: the blocks done with each slot's chunk
+//                                       (its last one publishes), then the blocks retired from the
+//                                       launch (its last one advances the cursor); zero between launches
 //   meta          FrontSlotMeta [num_slots]
 //   x             [num_slots][tokens_per_slot][hidden] activation
 //   x_scales      f32 [num_slots][tokens_per_slot][hidden / 128]   fp8 recipes only
@@ -89,7 +92,7 @@ struct FrontRingLayout {
   uint32_t row_bytes = 0;     // one token's activations: hidden * activation bytes
   uint32_t scale_blocks = 0;  // one token's activation scales: hidden / 128, 0 for bf16
 
-  FrontSpan cursors, ready, consumed, meta, x, x_scales, topk_idx, topk_weights;
+  FrontSpan cursors, ready, consumed, publish_counts, meta, x, x_scales, topk_idx, topk_weights;
   uint64_t total_bytes = 0;
 
   MEGAMOE_HD static FrontRingLayout make(const Problem& p) {
@@ -113,6 +116,7 @@ struct FrontRingLayout {
     place(l.cursors, sizeof(uint64_t) * (2ull + l.num_ranks));
     place(l.ready, sizeof(uint64_t) * 2ull * slots);
     place(l.consumed, sizeof(uint64_t) * slots * l.num_ranks);
+    place(l.publish_counts, sizeof(uint32_t) * 2ull * (slots + 1));
     place(l.meta, sizeof(FrontSlotMeta) * slots);
     place(l.x, rows * l.row_bytes);
     place(l.x_scales, sizeof(float) * rows * l.scale_blocks);
@@ -143,6 +147,12 @@ struct FrontRingLayout {
   }
   MEGAMOE_HD uint64_t* consumed_word(void* ring, uint32_t slot, uint32_t dst_rank) const {
     return at<uint64_t>(ring, consumed, static_cast<uint64_t>(slot) * num_ranks + dst_rank);
+  }
+  MEGAMOE_HD uint32_t* slot_parts_done(void* ring, FrontHalf half, uint32_t slot) const {
+    return at<uint32_t>(ring, publish_counts, static_cast<uint64_t>(half) * (num_slots + 1ull) + slot);
+  }
+  MEGAMOE_HD uint32_t* producer_blocks_retired(void* ring, FrontHalf half) const {
+    return at<uint32_t>(ring, publish_counts, static_cast<uint64_t>(half) * (num_slots + 1ull) + num_slots);
   }
   MEGAMOE_HD FrontSlotMeta* slot_meta(void* ring, uint32_t slot) const { return at<FrontSlotMeta>(ring, meta, slot); }
   // Row t of a slot's payload views starts at t * row_bytes, t * scale_blocks and t * top_k.

@@ -225,6 +225,9 @@ void SymmBuffer::check_device_error(cudaStream_t stream) {
   MEGAMOE_CHECK_CUDA(cudaMemsetAsync(layout_.send_count(view_.local()), 0,
                                      layout_.control.bytes - sizeof(ControlBlock), stream));
   MEGAMOE_CHECK_CUDA(cudaMemsetAsync(view_.local() + layout_.gemm_split.offset, 0, layout_.gemm_split.bytes, stream));
+  // A front ring's words no longer agree with its peers' after an error: back to its initial state
+  // (docs/streaming.md, "Failures and reset").
+  MEGAMOE_CHECK_CUDA(cudaMemsetAsync(view_.local() + layout_.front_ring.offset, 0, layout_.front_ring.bytes, stream));
   MEGAMOE_CHECK_CUDA(cudaStreamSynchronize(stream));
   throw DeviceFailure(describe(error));
 }

@@ -75,6 +75,13 @@ TEST(BenchFlags, MistakesNameTheirFlag) {
   expect_names({"--preset", "tiny", "--out", "a.json", "--out", "b.json"}, "--out");
   expect_names({"--preset", "tiny", "--out", "layer.json", "--trace", "/no/such/directory"}, "--trace");
   expect_names({"--preset", "tiny", "--out", "layer.json", "--inputs", "pinned"}, "--inputs");
+  expect_names({"--preset", "tiny", "--out", "layer.json", "--producers", "yes"}, "--producers");
+}
+
+TEST(BenchFlags, ProducersAreTimedOnlyWhenAsked) {
+  EXPECT_FALSE(parse_bench({"--preset", "tiny", "--out", "layer.json"}).producers);
+  EXPECT_FALSE(parse_bench({"--preset", "tiny", "--out", "layer.json", "--producers", "off"}).producers);
+  EXPECT_TRUE(parse_bench({"--preset", "tiny", "--out", "layer.json", "--producers", "on"}).producers);
 }
 
 TEST(BenchFlags, InputsAreCopiedUnlessToldBuffer) {

@@ -19,7 +19,8 @@ using SpanField = FrontSpan FrontRingLayout::*;
 const std::vector<std::pair<const char*, SpanField>>& spans_in_order() {
   static const std::vector<std::pair<const char*, SpanField>> spans = {
       {"cursors", &FrontRingLayout::cursors},   {"ready", &FrontRingLayout::ready},
-      {"consumed", &FrontRingLayout::consumed}, {"meta", &FrontRingLayout::meta},
+      {"consumed", &FrontRingLayout::consumed}, {"publish_counts", &FrontRingLayout::publish_counts},
+      {"meta", &FrontRingLayout::meta},
       {"x", &FrontRingLayout::x},               {"x_scales", &FrontRingLayout::x_scales},
       {"topk_idx", &FrontRingLayout::topk_idx}, {"topk_weights", &FrontRingLayout::topk_weights},
   };
@@ -63,18 +64,19 @@ TEST(FrontRingLayout, HandComputedFp8) {
       {0, 48},       // cursors: 8 * (2 + 4)
       {128, 48},     // ready: 8 * 2 * 3
       {256, 96},     // consumed: 8 * 3 * 4
-      {384, 48},     // meta: 16 * 3
-      {512, 3840},   // x: 15 rows * 256
-      {4352, 120},   // x_scales: 4 * 15 * 2
-      {4480, 240},   // topk_idx: 4 * 15 * 4
-      {4736, 240},   // topk_weights: 4 * 15 * 4
+      {384, 32},     // publish_counts: 4 * 2 * (3 + 1)
+      {512, 48},     // meta: 16 * 3
+      {640, 3840},   // x: 15 rows * 256
+      {4480, 120},   // x_scales: 4 * 15 * 2
+      {4608, 240},   // topk_idx: 4 * 15 * 4
+      {4864, 240},   // topk_weights: 4 * 15 * 4
   };
   for (size_t i = 0; i < expected.size(); ++i) {
     const auto& [name, field] = spans_in_order()[i];
     EXPECT_EQ((ring.*field).offset, expected[i].first) << name;
     EXPECT_EQ((ring.*field).bytes, expected[i].second) << name;
   }
-  EXPECT_EQ(ring.total_bytes, 4992u);
+  EXPECT_EQ(ring.total_bytes, 5120u);
   EXPECT_EQ(ring.call_capacity(), 15u);
 }
 
@@ -82,12 +84,12 @@ TEST(FrontRingLayout, HandComputedBf16HasNoScales) {
   const FrontRingLayout ring = FrontRingLayout::make(streamed_problem(Recipe::bf16));
   EXPECT_EQ(ring.row_bytes, 512u);
   EXPECT_EQ(ring.scale_blocks, 0u);
-  EXPECT_EQ(ring.x.offset, 512u);
+  EXPECT_EQ(ring.x.offset, 640u);
   EXPECT_EQ(ring.x.bytes, 7680u);
-  EXPECT_EQ(ring.x_scales.offset, 8192u);
+  EXPECT_EQ(ring.x_scales.offset, 8320u);
   EXPECT_EQ(ring.x_scales.bytes, 0u);
-  EXPECT_EQ(ring.topk_idx.offset, 8192u);
-  EXPECT_EQ(ring.total_bytes, 8192u + 256u + 256u);
+  EXPECT_EQ(ring.topk_idx.offset, 8320u);
+  EXPECT_EQ(ring.total_bytes, 8320u + 256u + 256u);
 }
 
 // A DeepSeek-V3-sized ring: 8 ranks, hidden 7168, top-k 8, 4 slots of 1024 tokens.
@@ -170,11 +172,15 @@ TEST(FrontRingLayout, AccessorsAddressTheirSpans) {
   EXPECT_EQ(offset_of(ring.ready_word(base, FrontHalf::route, 2)), 128u + 16u);
   EXPECT_EQ(offset_of(ring.ready_word(base, FrontHalf::layout, 0)), 128u + 24u);
   EXPECT_EQ(offset_of(ring.consumed_word(base, 2, 3)), 256u + 8u * (2 * 4 + 3));
-  EXPECT_EQ(offset_of(ring.slot_meta(base, 1)), 384u + 16u);
-  EXPECT_EQ(offset_of(ring.slot_x(base, 2)), 512u + 2u * 5 * 256);
-  EXPECT_EQ(offset_of(ring.slot_x_scales(base, 2)), 4352u + 4u * 2 * 5 * 2);
-  EXPECT_EQ(offset_of(ring.slot_topk_idx(base, 1)), 4480u + 4u * 1 * 5 * 4);
-  EXPECT_EQ(offset_of(ring.slot_topk_weights(base, 2)), 4736u + 4u * 2 * 5 * 4);
+  EXPECT_EQ(offset_of(ring.slot_parts_done(base, FrontHalf::route, 2)), 384u + 4u * 2);
+  EXPECT_EQ(offset_of(ring.producer_blocks_retired(base, FrontHalf::route)), 384u + 4u * 3);
+  EXPECT_EQ(offset_of(ring.slot_parts_done(base, FrontHalf::layout, 0)), 384u + 4u * 4);
+  EXPECT_EQ(offset_of(ring.producer_blocks_retired(base, FrontHalf::layout) + 1), ring.publish_counts.end());
+  EXPECT_EQ(offset_of(ring.slot_meta(base, 1)), 512u + 16u);
+  EXPECT_EQ(offset_of(ring.slot_x(base, 2)), 640u + 2u * 5 * 256);
+  EXPECT_EQ(offset_of(ring.slot_x_scales(base, 2)), 4480u + 4u * 2 * 5 * 2);
+  EXPECT_EQ(offset_of(ring.slot_topk_idx(base, 1)), 4608u + 4u * 1 * 5 * 4);
+  EXPECT_EQ(offset_of(ring.slot_topk_weights(base, 2)), 4864u + 4u * 2 * 5 * 4);
   // The last slot's views end inside their spans.
   EXPECT_EQ(offset_of(ring.slot_topk_weights(base, 2) + 5 * 4), ring.topk_weights.end());
   EXPECT_EQ(offset_of(ring.slot_x(base, 2) + 5 * 256), ring.x.end());

@@ -7,34 +7,79 @@
 
 #include "megamoe/error.h"
 #include "megamoe/formats.h"
+#include "kernels/streaming/ring_producer.cuh"
 #include "megamoe/producers.h"
 
 namespace megamoe {
 namespace {
 
-__global__ void quantize_activations_kernel(const uint2* x, uint64_t blocks, uint32_t* x_out, float* x_scales) {
+// One 1x128 block by one warp: lane l converts values 4l..4l+3.
+__device__ void quantize_block(const uint2* x, uint32_t* x_out, float* x_scale) {
   const uint32_t lane = threadIdx.x % 32;
+  const uint2 bits = x[lane];
+  const uint16_t halves[4] = {static_cast<uint16_t>(bits.x), static_cast<uint16_t>(bits.x >> 16),
+                              static_cast<uint16_t>(bits.y), static_cast<uint16_t>(bits.y >> 16)};
+  float values[4];
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    values[i] = bf16_to_float(halves[i]);
+    amax = fmaxf(amax, fabsf(values[i]));  // fmaxf skips NaN, as the reference's std::fmax
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+  const Fp8BlockQuantizer quantizer = Fp8BlockQuantizer::from_amax(amax);
+  uint32_t codes = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) codes |= uint32_t{quantizer.quantize(values[i])} << (8 * i);
+  x_out[lane] = codes;
+  if (lane == 0) *x_scale = quantizer.scale;
+}
+
+__global__ void quantize_activations_kernel(const uint2* x, uint64_t blocks, uint32_t* x_out, float* x_scales) {
   const uint64_t warps = uint64_t{gridDim.x} * (blockDim.x / 32);
   for (uint64_t block = (uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32; block < blocks; block += warps) {
-    const uint2 bits = x[block * 32 + lane];
-    const uint16_t halves[4] = {static_cast<uint16_t>(bits.x), static_cast<uint16_t>(bits.x >> 16),
-                                static_cast<uint16_t>(bits.y), static_cast<uint16_t>(bits.y >> 16)};
-    float values[4];
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      values[i] = bf16_to_float(halves[i]);
-      amax = fmaxf(amax, fabsf(values[i]));  // fmaxf skips NaN, as the reference's std::fmax
-    }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
-    const Fp8BlockQuantizer quantizer = Fp8BlockQuantizer::from_amax(amax);
-    uint32_t codes = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) codes |= uint32_t{quantizer.quantize(values[i])} << (8 * i);
-    x_out[block * 32 + lane] = codes;
-    if (lane == 0) x_scales[block] = quantizer.scale;
+    quantize_block(x + block * 32, x_out + block * 32, x_scales + block);
   }
+}
+
+// The layout half published chunk by chunk into the front ring: a part is kRingPartTokens tokens of one
+// chunk. fp8 recipes quantize each 1x128 block into the slot; bf16 copies the rows as they are.
+constexpr uint32_t kRingPartTokens = 4;
+constexpr int kThreads = 256;
+
+__global__ void __launch_bounds__(kThreads) quantize_activations_ring_kernel(const uint2* x, uint32_t hidden,
+                                                                             const device::FrontProducer p) {
+  const uint64_t first_seq = device::front_first_seq(p);
+  const uint32_t parts = p.parts_per_chunk();
+  const uint32_t blocks_per_token = hidden / kScaleBlock;
+  for (uint32_t item = blockIdx.x; item < p.items(); item += gridDim.x) {
+    const uint32_t chunk = item / parts;
+    const uint64_t seq = first_seq + chunk;
+    if (!device::front_claim_slot(p, seq)) return;
+    const uint32_t slot = front_slot(seq, p.ring.num_slots);
+    const FrontSlotMeta meta = front_chunk_meta(p.tokens, p.ring.tokens_per_slot, chunk);
+    const uint32_t part_begin = item % parts * p.tokens_per_part;
+    const uint32_t part_end = min(part_begin + p.tokens_per_part, max(meta.valid, part_begin));
+    uint8_t* slot_x = p.ring.slot_x(p.own_ring, slot);
+    if (p.ring.scale_blocks == 0) {
+      const uint32_t vectors_per_token = p.ring.row_bytes / 16;  // BF16 rows: 16-byte copies
+      const uint4* in = reinterpret_cast<const uint4*>(x) + uint64_t{meta.token_base} * vectors_per_token;
+      uint4* out = reinterpret_cast<uint4*>(slot_x);
+      for (uint32_t v = part_begin * vectors_per_token + threadIdx.x; v < part_end * vectors_per_token; v += kThreads) {
+        out[v] = in[v];
+      }
+    } else {
+      float* slot_scales = p.ring.slot_x_scales(p.own_ring, slot);
+      for (uint32_t b = part_begin * blocks_per_token + threadIdx.x / 32; b < part_end * blocks_per_token;
+           b += kThreads / 32) {
+        quantize_block(x + (uint64_t{meta.token_base} * blocks_per_token + b) * 32,
+                       reinterpret_cast<uint32_t*>(slot_x) + uint64_t{b} * 32, slot_scales + b);
+      }
+    }
+    device::front_finish_part(p, seq, chunk);
+  }
+  device::front_retire(p, first_seq);
 }
 
 }  // namespace
@@ -64,10 +109,26 @@ void quantize_activations(const TensorView& x, const TensorView& x_out, const Te
   check_tensor(x_scales, "x_scales", DType::f32, {tokens, hidden / kScaleBlock}, Device::cuda);
   const uint64_t blocks = static_cast<uint64_t>(tokens) * static_cast<uint64_t>(hidden / kScaleBlock);
   if (blocks == 0) return;
-  constexpr int kThreads = 256;
   const uint64_t grid = (blocks + kThreads / 32 - 1) / (kThreads / 32);
   quantize_activations_kernel<<<static_cast<unsigned>(grid < 65536 ? grid : 65536), kThreads, 0, stream>>>(
       static_cast<const uint2*>(x.data), blocks, static_cast<uint32_t*>(x_out.data), x_scales.as<float>());
+  const cudaError_t status = cudaGetLastError();
+  require(status == cudaSuccess, "quantize_activations", "launch failed: ", cudaGetErrorString(status));
+}
+
+void quantize_activations(const TensorView& x, SymmBuffer& buffer, cudaStream_t stream) {
+  const Problem& p = buffer.problem();
+  require(x.ndim == 2, "x", "must have 2 dimensions [tokens, hidden], got ", x.ndim);
+  const int64_t tokens = x.shape[0];
+  check_tensor(x, "x", DType::bf16, {tokens, p.hidden}, Device::cuda);
+  require(reinterpret_cast<uintptr_t>(x.data) % 16 == 0, "x", "must start on a 16-byte boundary");
+  const device::FrontProducer ring =
+      device::make_front_producer(buffer, FrontHalf::layout, tokens, kRingPartTokens, "x");
+  // Even a call with no tokens publishes its one empty chunk.
+  quantize_activations_ring_kernel<<<device::front_producer_grid(ring, static_cast<uint32_t>(
+                                                                            buffer.comm().sm_budget()) * 8),
+                                     kThreads, 0, stream>>>(static_cast<const uint2*>(x.data),
+                                                            static_cast<uint32_t>(p.hidden), ring);
   const cudaError_t status = cudaGetLastError();
   require(status == cudaSuccess, "quantize_activations", "launch failed: ", cudaGetErrorString(status));
 }

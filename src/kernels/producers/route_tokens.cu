@@ -8,6 +8,7 @@
 
 #include "megamoe/config.h"
 #include "megamoe/error.h"
+#include "kernels/streaming/ring_producer.cuh"
 #include "megamoe/producers.h"
 
 namespace megamoe {
@@ -48,15 +49,14 @@ __device__ void warp_arg_max(float& value, int32_t& index) {
   }
 }
 
+// One token's choices by one warp into topk_idx / topk_weights (the token's rows); `choices` is the
+// warp's scratch of kMaxRouterExperts values in shared memory.
 template <int kPerLane>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) route_tokens_kernel(const RouteArgs a) {
-  __shared__ float block_choices[kWarpsPerBlock][kMaxRouterExperts];
+__device__ void route_token(const RouteArgs& a, int32_t token, float* choices, int32_t* topk_idx,
+                            float* topk_weights) {
   const uint32_t lane = threadIdx.x % 32;
-  float* choices = block_choices[threadIdx.x / 32];
-  const int32_t warps = static_cast<int32_t>(gridDim.x) * kWarpsPerBlock;
   const int32_t group_size = a.num_experts / a.num_groups;
-  for (int32_t token = static_cast<int32_t>((blockIdx.x * blockDim.x + threadIdx.x) / 32); token < a.tokens;
-       token += warps) {
+  {
     const float* row = a.logits + static_cast<int64_t>(token) * a.num_experts;
     float score[kPerLane], choice[kPerLane];
     float top = -INFINITY;
@@ -161,24 +161,78 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) route_tokens_kernel(const
       }
     }
     if (static_cast<int32_t>(lane) < a.top_k) {
-      const int64_t route = static_cast<int64_t>(token) * a.top_k + lane;
       const float weight = a.normalize && sum > 0.0f ? my_score / sum : my_score;
-      a.topk_idx[route] = my_expert;
-      a.topk_weights[route] = weight * a.routed_scaling;
+      topk_idx[lane] = my_expert;
+      topk_weights[lane] = weight * a.routed_scaling;
     }
   }
 }
 
 template <int kPerLane>
-void launch(const RouteArgs& a, cudaStream_t stream) {
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) route_tokens_kernel(const RouteArgs a) {
+  __shared__ float block_choices[kWarpsPerBlock][kMaxRouterExperts];
+  const int32_t warps = static_cast<int32_t>(gridDim.x) * kWarpsPerBlock;
+  for (int32_t token = static_cast<int32_t>((blockIdx.x * blockDim.x + threadIdx.x) / 32); token < a.tokens;
+       token += warps) {
+    const int64_t route = static_cast<int64_t>(token) * a.top_k;
+    route_token<kPerLane>(a, token, block_choices[threadIdx.x / 32], a.topk_idx + route, a.topk_weights + route);
+  }
+}
+
+// The same routes published chunk by chunk into the front ring: a part is kRingTokensPerWarp tokens
+// per warp of one chunk, written into the chunk's slot.
+constexpr uint32_t kRingTokensPerWarp = 4;
+
+template <int kPerLane>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) route_tokens_ring_kernel(const RouteArgs a,
+                                                                              const device::FrontProducer p) {
+  __shared__ float block_choices[kWarpsPerBlock][kMaxRouterExperts];
+  const uint64_t first_seq = device::front_first_seq(p);
+  const uint32_t parts = p.parts_per_chunk();
+  for (uint32_t item = blockIdx.x; item < p.items(); item += gridDim.x) {
+    const uint32_t chunk = item / parts;
+    const uint64_t seq = first_seq + chunk;
+    if (!device::front_claim_slot(p, seq)) return;
+    const uint32_t slot = front_slot(seq, p.ring.num_slots);
+    const FrontSlotMeta meta = front_chunk_meta(p.tokens, p.ring.tokens_per_slot, chunk);
+    const uint32_t part_begin = item % parts * p.tokens_per_part;
+    for (uint32_t t = part_begin + threadIdx.x / 32; t < part_begin + p.tokens_per_part && t < meta.valid;
+         t += kWarpsPerBlock) {
+      route_token<kPerLane>(a, static_cast<int32_t>(meta.token_base + t), block_choices[threadIdx.x / 32],
+                            p.ring.slot_topk_idx(p.own_ring, slot) + t * p.ring.top_k,
+                            p.ring.slot_topk_weights(p.own_ring, slot) + t * p.ring.top_k);
+    }
+    device::front_finish_part(p, seq, chunk);
+  }
+  device::front_retire(p, first_seq);
+}
+
+// ring: null for the batch outputs in `a`.
+template <int kPerLane>
+void launch(const RouteArgs& a, const device::FrontProducer* ring, uint32_t ring_grid, cudaStream_t stream) {
+  if (ring != nullptr) {
+    route_tokens_ring_kernel<kPerLane><<<ring_grid, 32 * kWarpsPerBlock, 0, stream>>>(a, *ring);
+    return;
+  }
   const int32_t blocks = (a.tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
   route_tokens_kernel<kPerLane><<<blocks < 65536 ? blocks : 65536, 32 * kWarpsPerBlock, 0, stream>>>(a);
 }
 
-}  // namespace
+void launch(const RouteArgs& a, const RouterConfig& config, const device::FrontProducer* ring, uint32_t ring_grid,
+            cudaStream_t stream) {
+  const int32_t per_lane = (config.num_experts + 31) / 32;
+  if (per_lane <= 1) launch<1>(a, ring, ring_grid, stream);
+  else if (per_lane <= 2) launch<2>(a, ring, ring_grid, stream);
+  else if (per_lane <= 4) launch<4>(a, ring, ring_grid, stream);
+  else if (per_lane <= 8) launch<8>(a, ring, ring_grid, stream);
+  else if (per_lane <= 16) launch<16>(a, ring, ring_grid, stream);
+  else launch<32>(a, ring, ring_grid, stream);
+  const cudaError_t status = cudaGetLastError();
+  require(status == cudaSuccess, "route_tokens", "launch failed: ", cudaGetErrorString(status));
+}
 
-void route_tokens(const RouterConfig& config, const TensorView& logits, const TensorView& bias,
-                  const TensorView& topk_idx, const TensorView& topk_weights, cudaStream_t stream) {
+// The arguments' checks shared by both forms; returns the token count.
+int64_t check_route_arguments(const RouterConfig& config, const TensorView& logits, const TensorView& bias) {
   validate(config);
   require(config.num_experts <= kMaxRouterExperts, "num_experts", "must be at most ", kMaxRouterExperts,
           " on the device (one warp per token), got ", config.num_experts);
@@ -191,22 +245,41 @@ void route_tokens(const RouterConfig& config, const TensorView& logits, const Te
   require(bias.empty() || config.scoring == RouterScoring::sigmoid, "bias",
           "corrects the sigmoid router's choice only; softmax scoring takes none");
   if (!bias.empty()) check_tensor(bias, "bias", DType::f32, {config.num_experts}, Device::cuda);
+  return tokens;
+}
+
+RouteArgs route_args(const RouterConfig& config, const TensorView& logits, const TensorView& bias, int64_t tokens,
+                     int32_t* topk_idx, float* topk_weights) {
+  return RouteArgs{logits.as<float>(), bias.empty() ? nullptr : bias.as<float>(), topk_idx, topk_weights,
+                   static_cast<int32_t>(tokens), config.num_experts, config.top_k,
+                   config.num_groups, config.topk_groups, config.scoring == RouterScoring::sigmoid,
+                   config.normalize, config.routed_scaling};
+}
+
+}  // namespace
+
+void route_tokens(const RouterConfig& config, const TensorView& logits, const TensorView& bias,
+                  const TensorView& topk_idx, const TensorView& topk_weights, cudaStream_t stream) {
+  const int64_t tokens = check_route_arguments(config, logits, bias);
   check_tensor(topk_idx, "topk_idx", DType::i32, {tokens, config.top_k}, Device::cuda);
   check_tensor(topk_weights, "topk_weights", DType::f32, {tokens, config.top_k}, Device::cuda);
   if (tokens == 0) return;
-  const RouteArgs a{logits.as<float>(), bias.empty() ? nullptr : bias.as<float>(), topk_idx.as<int32_t>(),
-                    topk_weights.as<float>(), static_cast<int32_t>(tokens), config.num_experts, config.top_k,
-                    config.num_groups, config.topk_groups, config.scoring == RouterScoring::sigmoid,
-                    config.normalize, config.routed_scaling};
-  const int32_t per_lane = (config.num_experts + 31) / 32;
-  if (per_lane <= 1) launch<1>(a, stream);
-  else if (per_lane <= 2) launch<2>(a, stream);
-  else if (per_lane <= 4) launch<4>(a, stream);
-  else if (per_lane <= 8) launch<8>(a, stream);
-  else if (per_lane <= 16) launch<16>(a, stream);
-  else launch<32>(a, stream);
-  const cudaError_t status = cudaGetLastError();
-  require(status == cudaSuccess, "route_tokens", "launch failed: ", cudaGetErrorString(status));
+  launch(route_args(config, logits, bias, tokens, topk_idx.as<int32_t>(), topk_weights.as<float>()), config, nullptr,
+         0, stream);
+}
+
+void route_tokens(const RouterConfig& config, const TensorView& logits, const TensorView& bias, SymmBuffer& buffer,
+                  cudaStream_t stream) {
+  const int64_t tokens = check_route_arguments(config, logits, bias);
+  const Problem& p = buffer.problem();
+  require(config.num_experts == p.num_experts && config.top_k == p.top_k, "config",
+          "routes to ", config.num_experts, " experts, top-", config.top_k, "; the buffer's problem has ",
+          p.num_experts, ", top-", p.top_k);
+  const device::FrontProducer ring = device::make_front_producer(buffer, FrontHalf::route, tokens,
+                                                                 kWarpsPerBlock * kRingTokensPerWarp, "logits");
+  // Even a call with no tokens publishes its one empty chunk.
+  launch(route_args(config, logits, bias, tokens, nullptr, nullptr), config, &ring,
+         device::front_producer_grid(ring, static_cast<uint32_t>(buffer.comm().sm_budget()) * 8), stream);
 }
 
 }  // namespace megamoe
