@@ -50,36 +50,24 @@ constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kThreads) quantize_activations_ring_kernel(const uint2* x, uint32_t hidden,
                                                                              const device::FrontProducer p) {
-  const uint64_t first_seq = device::front_first_seq(p);
-  const uint32_t parts = p.parts_per_chunk();
   const uint32_t blocks_per_token = hidden / kScaleBlock;
-  for (uint32_t item = blockIdx.x; item < p.items(); item += gridDim.x) {
-    const uint32_t chunk = item / parts;
-    const uint64_t seq = first_seq + chunk;
-    if (!device::front_claim_slot(p, seq)) return;
-    const uint32_t slot = front_slot(seq, p.ring.num_slots);
-    const FrontSlotMeta meta = front_chunk_meta(p.tokens, p.ring.tokens_per_slot, chunk);
-    const uint32_t part_begin = item % parts * p.tokens_per_part;
-    const uint32_t part_end = min(part_begin + p.tokens_per_part, max(meta.valid, part_begin));
+  device::front_produce(p, [&](uint32_t slot, const FrontSlotMeta& meta, uint32_t begin, uint32_t end) {
     uint8_t* slot_x = p.ring.slot_x(p.own_ring, slot);
     if (p.ring.scale_blocks == 0) {
       const uint32_t vectors_per_token = p.ring.row_bytes / 16;  // BF16 rows: 16-byte copies
       const uint4* in = reinterpret_cast<const uint4*>(x) + uint64_t{meta.token_base} * vectors_per_token;
       uint4* out = reinterpret_cast<uint4*>(slot_x);
-      for (uint32_t v = part_begin * vectors_per_token + threadIdx.x; v < part_end * vectors_per_token; v += kThreads) {
+      for (uint32_t v = begin * vectors_per_token + threadIdx.x; v < end * vectors_per_token; v += kThreads) {
         out[v] = in[v];
       }
-    } else {
-      float* slot_scales = p.ring.slot_x_scales(p.own_ring, slot);
-      for (uint32_t b = part_begin * blocks_per_token + threadIdx.x / 32; b < part_end * blocks_per_token;
-           b += kThreads / 32) {
-        quantize_block(x + (uint64_t{meta.token_base} * blocks_per_token + b) * 32,
-                       reinterpret_cast<uint32_t*>(slot_x) + uint64_t{b} * 32, slot_scales + b);
-      }
+      return;
     }
-    device::front_finish_part(p, seq, chunk);
-  }
-  device::front_retire(p, first_seq);
+    float* slot_scales = p.ring.slot_x_scales(p.own_ring, slot);
+    for (uint32_t b = begin * blocks_per_token + threadIdx.x / 32; b < end * blocks_per_token; b += kThreads / 32) {
+      quantize_block(x + (uint64_t{meta.token_base} * blocks_per_token + b) * 32,
+                     reinterpret_cast<uint32_t*>(slot_x) + uint64_t{b} * 32, slot_scales + b);
+    }
+  });
 }
 
 }  // namespace

@@ -187,24 +187,13 @@ template <int kPerLane>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) route_tokens_ring_kernel(const RouteArgs a,
                                                                               const device::FrontProducer p) {
   __shared__ float block_choices[kWarpsPerBlock][kMaxRouterExperts];
-  const uint64_t first_seq = device::front_first_seq(p);
-  const uint32_t parts = p.parts_per_chunk();
-  for (uint32_t item = blockIdx.x; item < p.items(); item += gridDim.x) {
-    const uint32_t chunk = item / parts;
-    const uint64_t seq = first_seq + chunk;
-    if (!device::front_claim_slot(p, seq)) return;
-    const uint32_t slot = front_slot(seq, p.ring.num_slots);
-    const FrontSlotMeta meta = front_chunk_meta(p.tokens, p.ring.tokens_per_slot, chunk);
-    const uint32_t part_begin = item % parts * p.tokens_per_part;
-    for (uint32_t t = part_begin + threadIdx.x / 32; t < part_begin + p.tokens_per_part && t < meta.valid;
-         t += kWarpsPerBlock) {
+  device::front_produce(p, [&](uint32_t slot, const FrontSlotMeta& meta, uint32_t begin, uint32_t end) {
+    for (uint32_t t = begin + threadIdx.x / 32; t < end; t += kWarpsPerBlock) {
       route_token<kPerLane>(a, static_cast<int32_t>(meta.token_base + t), block_choices[threadIdx.x / 32],
                             p.ring.slot_topk_idx(p.own_ring, slot) + t * p.ring.top_k,
                             p.ring.slot_topk_weights(p.own_ring, slot) + t * p.ring.top_k);
     }
-    device::front_finish_part(p, seq, chunk);
-  }
-  device::front_retire(p, first_seq);
+  });
 }
 
 // ring: null for the batch outputs in `a`.

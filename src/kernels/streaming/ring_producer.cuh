@@ -2,14 +2,16 @@
 // half (route or layout) of every chunk of this rank's call, each chunk cut into parts of a block's
 // work, taken chunk-major so that the first chunks are published first.
 //
-// Per part, every thread of the block calls, in order:
+// A producer kernel's blocks call front_produce with the writes of one part; per part it runs, in
+// order:
 //   front_claim_slot   thread 0 waits until every destination acknowledged the slot's previous
 //                      generation; false (recorded as kWaitFrontConsumed) if that timed out
 //   ... the part's writes into the slot ...
 //   front_finish_part  the block whose part completes the chunk publishes the half (the route half's
 //                      metadata first)
-// and, after its last part, front_retire: the last block to retire advances the producer's cursor,
-// so that every block has read the call's first sequence number (front_first_seq) before it moves.
+// and, after the block's last part, front_retire: the last block to retire advances the producer's
+// cursor, so that every block has read the call's first sequence number (front_first_seq) before it
+// moves.
 #pragma once
 
 #include <cstdint>
@@ -73,6 +75,26 @@ MEGAMOE_DEVICE void front_retire(const FrontProducer& p, uint64_t first_seq) {
   if (atomic_add_acq_rel_sys(retired, 1u) + 1 != gridDim.x) return;
   *retired = 0;
   *p.ring.producer_cursor(p.own_ring, p.half) = first_seq + p.chunks();
+}
+
+// Every part of the call that falls to this block: write_part(slot, meta, begin, end) writes the
+// chunk's rows [begin, end) (end <= meta.valid; none in parts past it) into `slot`.
+template <typename WritePart>
+MEGAMOE_DEVICE void front_produce(const FrontProducer& p, const WritePart& write_part) {
+  const uint64_t first_seq = front_first_seq(p);
+  const uint32_t parts = p.parts_per_chunk();
+  for (uint32_t item = blockIdx.x; item < p.items(); item += gridDim.x) {
+    const uint32_t chunk = item / parts;
+    const uint64_t seq = first_seq + chunk;
+    if (!front_claim_slot(p, seq)) return;  // the error is recorded; the host resets the ring
+    const FrontSlotMeta meta = front_chunk_meta(p.tokens, p.ring.tokens_per_slot, chunk);
+    const uint32_t begin = item % parts * p.tokens_per_part;
+    const uint32_t end = begin + p.tokens_per_part < meta.valid ? begin + p.tokens_per_part
+                                                                : (meta.valid > begin ? meta.valid : begin);
+    write_part(front_slot(seq, p.ring.num_slots), meta, begin, end);
+    front_finish_part(p, seq, chunk);
+  }
+  front_retire(p, first_seq);
 }
 
 // The host's description of one half's launch for `tokens` tokens of this rank's next call; checks
