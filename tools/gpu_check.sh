@@ -7,6 +7,7 @@
 #                           and $SANITIZE_BINARIES: fewer), and the sanitizer probe under racecheck;
 #                           rows {binary, tool, errors, explained}
 #     stress N:             issue 33's run/dump/bench sequence N times, stopping at the first failure
+#                           (one bench with the library path the script was started with)
 #                           ($MEGAMOE: the tool, default $BUILD/megamoe; $STRESS_STREAMS sequences at
 #                           once, $STRESS_SECONDS a time limit; $STRESS_TREE: the source tree it
 #                           was built from, default this script's checkout); $OUT/stress.json
@@ -39,6 +40,9 @@
 # runs megamoe_layer_bench from beside the tool (or from its bench/layer/).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# The library path this script was started with: the stress step also runs the tool as a user
+# would start it, without the venv's NCCL added below (the build must find its own NCCL).
+STARTED_LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
 NCCL_ROOT=$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0])" 2>/dev/null || true)
 if [ -n "$NCCL_ROOT" ]; then export LD_LIBRARY_PATH="$NCCL_ROOT/lib:${LD_LIBRARY_PATH:-}"; fi
 OUT=${OUT:-/tmp/megamoe-out}
@@ -362,6 +366,8 @@ stress_stream() {  # STREAM RUNS END_SECONDS: one stream's runs; its result line
     "$megamoe run --preset tiny --tokens 300 --ranks 2 --backend gpu --dump $dump --recipe fp8_fp4"
     "$megamoe bench --preset deepseek-v3 --ranks 1 --tokens 1,8,128,512,2048,8192 --repeats 3
      --out $OUT/stress-bench-$stream.json"
+    "env LD_LIBRARY_PATH=$STARTED_LD_LIBRARY_PATH $megamoe bench --preset deepseek-v3 --ranks 1 --tokens 1,8
+     --repeats 1 --out $OUT/stress-bench-$stream.json"
   )
   # A GPU exception writes a small core file (kernel, PC and faulting address; no memory images) to
   # $OUT, for cuda-gdb: the one fault this step hunts left only a sticky error behind.

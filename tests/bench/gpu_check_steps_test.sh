@@ -3,7 +3,9 @@
 #   trace: the event logs' directory and the results file are made for the run, each log is
 #          summarized, and a failed run or one that wrote no log fails the step;
 #   ab:    each tree's rounds, medians against the first tree, and the noise floor between the two
-#          trees built from one source.
+#          trees built from one source;
+#   stress: the sequence runs, one bench with the library path the script was started with (as a
+#          user starts the tool), and a failing run stops the step and is named.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d)
@@ -65,4 +67,22 @@ grep -q "tiny fp8 8 fused | base 100.0-100.0 (median 100.0) | other 90.0-90.0 (m
   "$work/ab.log" || { cat "$work/ab.log"; fail "the row's summary is not the trees' medians and ratios in order"; }
 grep -q "noise floor (again against base, one source): medians differ by up to 2.0% over 1 rows" "$work/ab.log" ||
   { cat "$work/ab.log"; fail "no noise floor"; }
+# stress: a stand-in tool that logs each bench's LD_LIBRARY_PATH, and fails when told to.
+mkdir -p "$work/stress/src"
+cat >"$work/stress/megamoe" <<FAKE
+#!/usr/bin/env bash
+[ "\$1" = bench ] && echo "\${LD_LIBRARY_PATH:-}" >>"$work/stress/paths"
+[ -z "\${FAKE_FAULT:-}" ] || { echo "rank 0: status failed: cudaErrorIllegalAddress: an illegal memory access was encountered"; exit 1; }
+exit 0
+FAKE
+chmod +x "$work/stress/megamoe"
+LD_LIBRARY_PATH=/started/lib OUT="$work/stress/out" MEGAMOE="$work/stress/megamoe" STRESS_TREE="$work/stress" \
+  bash "$repo/tools/gpu_check.sh" stress 2 >"$work/stress.log" 2>&1 || { cat "$work/stress.log"; fail "the stress step failed"; }
+grep -q '"runs": 2, "failures": 0' "$work/stress/out/stress.json" || { cat "$work/stress/out/stress.json"; fail "not two clean runs"; }
+[ "$(grep -cx "/started/lib" "$work/stress/paths")" -ge 2 ] || { cat "$work/stress/paths"; fail "no bench ran with the started library path"; }
+if FAKE_FAULT=1 OUT="$work/stress/bad" MEGAMOE="$work/stress/megamoe" STRESS_TREE="$work/stress" \
+    bash "$repo/tools/gpu_check.sh" stress 2 >"$work/stress-bad.log" 2>&1; then
+  fail "a faulting run passed the stress step"
+fi
+grep -q '"runs": 0, "failures": 1' "$work/stress/bad/stress.json" || { cat "$work/stress/bad/stress.json"; fail "the fault was not counted"; }
 echo "gpu_check_steps_test: passed"
