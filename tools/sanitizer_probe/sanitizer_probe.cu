@@ -1,4 +1,4 @@
-// Ten hand-overs of shared memory, each as the layer's kernels do it, each checking what it read:
+// Twelve hand-overs of shared memory, each as the layer's kernels do it, each checking what it read:
 //   named_barrier: a writer warp stages words and arrives (bar.arrive), a reader warp syncs on the
 //                  same named barrier and reads them; a second barrier hands the buffer back
 //                  (the L2 epilogue's store warps, epilogue.cuh);
@@ -33,6 +33,17 @@
 //                  earlier round wrote (a partial last tile's rows read an earlier stage's shifts).
 //                  So the converter's reads are ordered before the next copy only through the
 //                  math warp's barrier: the two-hop chain of the unexplained report.
+//   bulk_then_write: thread 0 bulk-copies into a buffer and waits for it, then arrives on an
+//                  mbarrier; a second warp waits for that and writes the buffer with generic stores
+//                  (the fused kernel's bulk pulls bounce rows through the ring's stages, where the
+//                  fp8_fp4 converters later write expanded weights: fused_layer.cuh run_pull,
+//                  mainloop.cuh expand_weight_tile); the writes must not be overwritten by the copy;
+//   handed_ring:   one thread hands entries to another through a shared-memory ring, volatile
+//                  counts and __threadfence_block, no barrier (the fused kernel's handed tile-done
+//                  counts, fused_layer.cuh: hand_over_tile_done, make_handed_counts, finish_counts):
+//                  the taker claims the ring with atomicCAS on a mode word, the giver counts an entry
+//                  itself when the mode is not handed or the ring is full, then says it has finished;
+//                  each entry must be counted exactly once.
 // Each runs in one block of three warps (the third idle, as the layer's kernels have roles outside
 // each barrier, except in bulk_copy_ring). Usage: compute-sanitizer --tool racecheck megamoe_sanitizer_probe
 #include <cuda/atomic>
@@ -183,6 +194,83 @@ __global__ void bulk_copy(uint32_t* out) {
   }
 }
 
+__global__ void bulk_then_write(uint32_t* out) {
+  __shared__ __align__(128) uint32_t area[128];
+  __shared__ uint64_t loaded, handed;
+  uint32_t* source = out + 128;
+  for (uint32_t i = threadIdx.x; i < 128; i += blockDim.x) source[i] = 9000 + i;
+  if (threadIdx.x == 0) {
+    cuda::ptx::mbarrier_init(&loaded, 1);
+    cuda::ptx::mbarrier_init(&handed, 1);
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {  // the producer: a pull's bounce copy, then a later stage hand-over
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
+    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                         &loaded, 512u);
+    cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, area, source, 512u, &loaded);
+    wait_phase(&loaded, 0);
+    cuda::ptx::mbarrier_arrive(&handed);
+  } else if (threadIdx.x / 32 == 1) {  // a converter warp
+    const uint32_t lane = threadIdx.x % 32;
+    wait_phase(&handed, 0);
+    for (uint32_t i = lane; i < 128; i += 32) area[i] = 600 + i;
+    __syncwarp();
+    for (uint32_t i = lane; i < 128; i += 32) out[i] = area[i];
+  }
+}
+
+// handed_ring: the entries handed or counted, and the ring's slots (few, so that it wraps and fills).
+constexpr uint32_t kHandedEntries = 256, kHandedSlots = 4;
+enum : uint32_t { kOwn = 0, kHanded = 1, kFinished = 2 };
+
+__global__ void handed_ring(uint32_t* out) {
+  __shared__ uint32_t mode, written, made, ring[kHandedSlots];
+  if (threadIdx.x == 0) mode = written = made = 0;
+  __syncthreads();
+  volatile uint32_t* const v_mode = &mode;
+  volatile uint32_t* const v_written = &written;
+  volatile uint32_t* const v_made = &made;
+  // Spins are bounded: a lost entry shows as a wrong count, never as a hang.
+  constexpr uint32_t kMaxPolls = 1u << 24;
+  if (threadIdx.x == 0) {  // the giver (a math warpgroup's thread 0)
+    for (uint32_t i = 0; i < kHandedEntries; ++i) {
+      // Halfway, the giver waits for the taker's claim (bounded), so that both paths run.
+      for (uint32_t polls = 0; i == kHandedEntries / 2 && *v_mode == kOwn && polls < kMaxPolls; ++polls) {
+      }
+      const uint32_t entry = 500 + i;
+      const uint32_t w = written;
+      if (*v_mode == kHanded && w - *v_made < kHandedSlots) {
+        ring[w % kHandedSlots] = entry;
+        __threadfence_block();  // the entry before the count of entries written
+        *v_written = w + 1;
+      } else {
+        atomicAdd(&out[i], entry);
+      }
+    }
+    __threadfence_block();  // after the entries written
+    *v_mode = kFinished;
+  } else if (threadIdx.x == 32) {  // the taker (lane 0 of a dispatch warp)
+    if (atomicCAS(&mode, kOwn, kHanded) != kOwn) return;
+    uint32_t taken = 0;
+    for (uint32_t polls = 0; polls < kMaxPolls; ++polls) {
+      const bool finished = *v_mode == kFinished;
+      __threadfence_block();
+      if (taken != *v_written) {
+        __threadfence_block();  // the entry after its count of entries written
+        const uint32_t entry = ring[taken % kHandedSlots];
+        __threadfence_block();  // the entry read before its slot is freed
+        *v_made = ++taken;
+        if (entry >= 500 && entry < 500 + kHandedEntries) atomicAdd(&out[entry - 500], entry);
+        else atomicAdd(&out[kHandedEntries], 1u);  // a word never written as an entry
+        continue;
+      }
+      if (finished) break;
+    }
+  }
+}
+
 // bulk_copy_ring's buffer, in words.
 constexpr uint32_t kRingWords = 128;
 
@@ -260,5 +348,9 @@ int main() {
   ok = check("bulk_copy", bulk_copy<false>, 256, [](uint32_t i) { return 400 + i % 128; }) && ok;
   ok = check("bulk_copy_hint", bulk_copy<true>, 256, [](uint32_t i) { return 400 + i % 128; }) && ok;
   ok = check("bulk_copy_ring", bulk_copy_ring, kRounds * kRingWords, ring_word) && ok;
+  ok = check("bulk_then_write", bulk_then_write, 128, [](uint32_t i) { return 600 + i; }) && ok;
+  // Word kHandedEntries counts entries read that were never written: 0.
+  ok = check("handed_ring", handed_ring, kHandedEntries + 1,
+             [](uint32_t i) { return i < kHandedEntries ? 500 + i : 0u; }) && ok;
   return ok ? 0 : 1;
 }
