@@ -358,9 +358,10 @@ stress_core_report() {
 # failing command and prints its output. MEGAMOE: the tool (megamoe_layer_bench beside it or in its
 # bench/layer/). STRESS_STREAMS=K runs K copies of the sequence at once, N in all (the GPU idles
 # through most of one sequence's host work, so K streams do more runs per device second, and their
-# kernels overlap each other's); STRESS_SECONDS stops starting new runs after that long, so that a
-# call's time limit still leaves the JSON. Writes $OUT/stress.json, one row {runs, failures, streams,
-# failed_command, first_failure}.
+# kernels overlap each other's); STRESS_SECONDS: no stream starts a run that its longest run so far
+# would carry past that long, so that a call's time limit still leaves the JSON. Each stream's count
+# is in $OUT/stress-STREAM.result after every run, so a call killed by its limit still says what
+# finished. Writes $OUT/stress.json, one row {runs, failures, streams, failed_command, first_failure}.
 stress_stream() {  # STREAM RUNS END_SECONDS: one stream's runs; its result line in $OUT/stress-STREAM.result
   local stream=$1 n=$2 end=$3 megamoe=${MEGAMOE:-$BUILD/megamoe} run=0 failure="" failed_command=""
   local dump="$OUT/stress-dump-$stream" log="$OUT/stress-$stream.log"
@@ -379,8 +380,10 @@ stress_stream() {  # STREAM RUNS END_SECONDS: one stream's runs; its result line
   local -x CUDA_ENABLE_COREDUMP_ON_EXCEPTION=1 CUDA_COREDUMP_FILE="$OUT/stress-core-$stream.%p"
   local -x CUDA_COREDUMP_GENERATION_FLAGS=skip_nonrelocated_elf_images,skip_global_memory,skip_shared_memory
   CUDA_COREDUMP_GENERATION_FLAGS+=,skip_local_memory,skip_constbank_memory
-  while [ $run -lt "$n" ] && [ -z "$failure" ] && [ $SECONDS -lt "$end" ]; do
+  local longest=0 started
+  while [ $run -lt "$n" ] && [ -z "$failure" ] && [ $((SECONDS + longest)) -lt "$end" ]; do
     local command
+    started=$SECONDS
     for command in "${commands[@]}"; do
       rm -rf "$dump"
       # shellcheck disable=SC2086  # each command is a word list
@@ -396,6 +399,8 @@ stress_stream() {  # STREAM RUNS END_SECONDS: one stream's runs; its result line
       fi
     done
     [ -n "$failure" ] || run=$((run + 1))
+    [ $((SECONDS - started)) -le "$longest" ] || longest=$((SECONDS - started))
+    printf '%d\t%s\t%s\n' "$run" "$failed_command" "$failure" >"$OUT/stress-$stream.result"
   done
   rm -rf "$dump" "$OUT/stress-bench-$stream.json"
   [ -n "$failure" ] || rm -f "$log"

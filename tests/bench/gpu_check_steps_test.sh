@@ -73,6 +73,7 @@ cat >"$work/stress/megamoe" <<FAKE
 #!/usr/bin/env bash
 [ "\$1" = bench ] && echo "\${LD_LIBRARY_PATH:-}" >>"$work/stress/paths"
 [ -z "\${FAKE_FAULT:-}" ] || { echo "rank 0: status failed: cudaErrorIllegalAddress: an illegal memory access was encountered"; exit 1; }
+[ -z "\${FAKE_SLEEP:-}" ] || sleep "\$FAKE_SLEEP"
 exit 0
 FAKE
 chmod +x "$work/stress/megamoe"
@@ -85,4 +86,9 @@ if FAKE_FAULT=1 OUT="$work/stress/bad" MEGAMOE="$work/stress/megamoe" STRESS_TRE
   fail "a faulting run passed the stress step"
 fi
 grep -q '"runs": 0, "failures": 1' "$work/stress/bad/stress.json" || { cat "$work/stress/bad/stress.json"; fail "the fault was not counted"; }
+# A run takes 3 s (six commands of 0.5 s); with 4 s allowed, a second run would end past them: one run.
+FAKE_SLEEP=0.5 STRESS_SECONDS=4 OUT="$work/stress/timed" MEGAMOE="$work/stress/megamoe" STRESS_TREE="$work/stress" \
+  bash "$repo/tools/gpu_check.sh" stress 5 >"$work/stress-timed.log" 2>&1 || { cat "$work/stress-timed.log"; fail "the timed stress step failed"; }
+grep -q '"runs": 1, "failures": 0' "$work/stress/timed/stress.json" ||
+  { cat "$work/stress/timed/stress.json"; fail "a run was started that could not end within STRESS_SECONDS"; }
 echo "gpu_check_steps_test: passed"
