@@ -44,9 +44,12 @@ class DeviceBuffer {
     if (host.size() != count_) throw std::runtime_error("DeviceBuffer::upload: size mismatch");
     cuda_check(cudaMemcpy(data_, host.data(), count_ * sizeof(T), cudaMemcpyHostToDevice), "upload");
   }
-  std::vector<T> download() const {
-    std::vector<T> host(count_);
-    cuda_check(cudaMemcpy(host.data(), data_, count_ * sizeof(T), cudaMemcpyDeviceToHost), "download");
+  std::vector<T> download() const { return download(count_); }
+  // The first `count` elements: what a kernel wrote, where the rest was never written (initcheck
+  // reports a copy that reads unwritten bytes).
+  std::vector<T> download(size_t count) const {
+    std::vector<T> host(count);
+    if (count > 0) cuda_check(cudaMemcpy(host.data(), data_, count * sizeof(T), cudaMemcpyDeviceToHost), "download");
     return host;
   }
   // Fills every byte with `byte` (poisoning before a kernel proves it wrote what it should).
