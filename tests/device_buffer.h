@@ -48,6 +48,7 @@ class DeviceBuffer {
   // The first `count` elements: what a kernel wrote, where the rest was never written (initcheck
   // reports a copy that reads unwritten bytes).
   std::vector<T> download(size_t count) const {
+    if (count > count_) throw std::runtime_error("DeviceBuffer::download: more elements than the buffer holds");
     std::vector<T> host(count);
     if (count > 0) cuda_check(cudaMemcpy(host.data(), data_, count * sizeof(T), cudaMemcpyDeviceToHost), "download");
     return host;
