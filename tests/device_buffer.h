@@ -55,6 +55,11 @@ class DeviceBuffer {
   }
   // Fills every byte with `byte` (poisoning before a kernel proves it wrote what it should).
   void fill_bytes(uint8_t byte) { cuda_check(cudaMemset(data_, byte, count_ * sizeof(T)), "cudaMemset"); }
+  // The same in `stream`'s order: a non-blocking stream (a communicator's) does not wait for the
+  // legacy default stream's memset.
+  void fill_bytes(uint8_t byte, cudaStream_t stream) {
+    cuda_check(cudaMemsetAsync(data_, byte, count_ * sizeof(T), stream), "cudaMemsetAsync");
+  }
 
  private:
   T* data_ = nullptr;

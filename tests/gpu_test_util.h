@@ -1,8 +1,13 @@
-// Helpers for GPU tests: skip cleanly without a Hopper GPU, check CUDA calls.
+// Helpers for GPU tests: skip cleanly without a Hopper GPU, check CUDA calls, read a device error.
 #pragma once
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+
+#include <string>
+
+#include "megamoe/comm.h"
+#include "megamoe/error.h"
 
 namespace megamoe::testing {
 
@@ -25,6 +30,27 @@ inline int gpu_count() {
     return 0;
   }
   return count;
+}
+
+// The message of the megamoe::Error that `call` throws, or "no error".
+template <class Call>
+std::string error_message(const Call& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+// What check_device_error reports for `buffer`, or "no device error".
+inline std::string device_failure(SymmBuffer& buffer, cudaStream_t stream) {
+  try {
+    buffer.check_device_error(stream);
+  } catch (const DeviceFailure& e) {
+    return e.what();
+  }
+  return "no device error";
 }
 
 }  // namespace megamoe::testing

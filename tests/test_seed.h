@@ -1,6 +1,7 @@
 // The random seed of a randomized test, and the command that replays it.
 //   MEGAMOE_TEST_SEED=S   every seed a test draws is S instead of a fresh random one, so a failure
 //                         printed with its seed can be run again exactly.
+//   MEGAMOE_TEST_QUICK=1  fewer tokens and calls, for runs under compute-sanitizer (quick_run).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -17,6 +18,12 @@
 namespace megamoe::testing {
 
 inline constexpr const char* kSeedVariable = "MEGAMOE_TEST_SEED";
+
+// Whether MEGAMOE_TEST_QUICK is set (and not 0): tools/gpu_check.sh sanitize sets it.
+inline bool quick_run() {
+  const char* value = std::getenv("MEGAMOE_TEST_QUICK");
+  return value != nullptr && value[0] != '\0' && std::string(value) != "0";
+}
 
 // MEGAMOE_TEST_SEED when set, else a fresh random seed. A malformed value throws: a typo must not
 // silently turn a replay into a fresh random run.

@@ -223,6 +223,8 @@ sanitize_filter() {
     layer_emulated_test)
       if [ "$tool" = memcheck ]; then echo '*EveryCase/2_ranks'; else echo '*EveryCase/1_ranks'; fi ;;
     layer_process_test) echo '*EveryCase/1_gpus' ;;  # with sanitize_cases' few cases
+    streamed_layer_gpu_test) echo '*/1_ranks:*Arguments*' ;;  # whole layers: one rank's calls
+    streamed_process_test) echo '*/1_gpus' ;;  # forks a rank per GPU: one GPU's
     comm_emulated_test) echo '*/2ranks:EmulatedLauncher.*:-*10000Times*:*100Times*:*Timeout*' ;;
     # A communicator per case, which the tools make take 15-20 s: the buffer's creation and the
     # pulls through it; the other cases' kernels run in-process in comm_emulated_test.
@@ -249,7 +251,7 @@ sanitize_cases() {
 # A binary's share of the step's time: the layer tests run whole layers, the others a few kernels.
 sanitize_weight() {
   case $1 in
-    layer_emulated_test|layer_process_test) echo 4 ;;
+    layer_emulated_test|layer_process_test|streamed_layer_gpu_test|streamed_process_test) echo 4 ;;
     *) echo 1 ;;
   esac
 }

@@ -20,11 +20,12 @@ import os
 import statistics
 import sys
 
-KINDS = ["send", "pull", "shared L1", "routed L1", "routed L2", "shared L2", "combine"]
-COLORS = ["#8c564b", "#e377c2", "#17becf", "#1f77b4", "#ff7f0e", "#bcbd22", "#2ca02c"]
+# Indexed by the kind code (UnitKind); code 7 (none) is never logged.
+KINDS = ["send", "pull", "shared L1", "routed L1", "routed L2", "shared L2", "combine", "none", "route"]
+COLORS = ["#8c564b", "#e377c2", "#17becf", "#1f77b4", "#ff7f0e", "#bcbd22", "#2ca02c", "#7f7f7f", "#9467bd"]
 CLAIMED, READY, DONE = 0, 1, 2
 # Units the dispatch warps (or the producer) run beside the math warps' sequence of units.
-DISPATCH_KINDS = (KINDS.index("send"), KINDS.index("pull"))
+DISPATCH_KINDS = (KINDS.index("send"), KINDS.index("pull"), KINDS.index("route"))
 
 
 def spans(events):

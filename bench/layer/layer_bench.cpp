@@ -88,6 +88,12 @@ struct RankMeasures {
   double gemm_only_us = kNaN;  // the staged call's L1 and L2 launches alone, on the same rows
   double producers_graph_us = kNaN;          // --producers: the producers alone, as a graph
   double end_to_end_graph_us[2] = {kNaN, kNaN};  // the producers, then the call, as one graph
+  // --streaming: the producers, then the fused call on their outputs (batch), streamed_mega_moe
+  // reading them from the front ring (streamed), and streamed_mega_moe in the form it picks itself
+  // (automatic, given the row's tokens as uniform_tokens), each as one graph.
+  double streaming_batch_graph_us = kNaN;
+  double streamed_graph_us = kNaN;
+  double automatic_graph_us = kNaN;
   double baseline_us = kNaN;
   double diff_squares = kNaN;      // sum over this rank's y of (baseline - fused)^2
   double fused_squares = kNaN;     // sum of fused^2
@@ -187,6 +193,7 @@ struct BenchData {
   bool inputs_in_buffer = false;
   std::string trace_dir;  // empty: no event logs
   bool producers = false;
+  bool streaming = false;
   RouterConfig router;  // the preset's, for --producers
 };
 
@@ -217,22 +224,52 @@ class BatchProducers {
   }
 
   void run(int64_t tokens, cudaStream_t stream) const {
-    const int64_t hidden = problem_.hidden, experts = router_.num_experts, k = router_.top_k;
-    const auto view = [](void* data, DType dtype, std::initializer_list<int64_t> shape) {
-      return TensorView::contiguous(data, dtype, shape, Device::cuda);
-    };
-    const TensorView x = view(x_, DType::bf16, {tokens, hidden});
-    const TensorView logits = view(logits_, DType::f32, {tokens, experts});
-    router_logits(x, view(weight_, DType::bf16, {experts, hidden}), logits, stream);
-    route_tokens(router_, logits, TensorView{}, view(topk_idx_, DType::i32, {tokens, k}),
-                 view(topk_weights_, DType::f32, {tokens, k}), stream);
-    if (problem_.recipe != Recipe::bf16) {
-      quantize_activations(x, view(x_out_, DType::e4m3, {tokens, hidden}),
-                           view(x_scales_, DType::f32, {tokens, hidden / kScaleBlock}), stream);
+    const LayerInputs out = outputs(tokens);
+    router_logits(x(tokens), router_weight(), logits(tokens), stream);
+    route_tokens(router_, logits(tokens), TensorView{}, out.topk_idx, out.topk_weights, stream);
+    if (problem_.recipe != Recipe::bf16) quantize_activations(x(tokens), out.x, out.x_scales, stream);
+  }
+
+  // The same producers for streamed_mega_moe, which launches them with the layer, in `form`; every
+  // rank has `tokens` (the row's tokens per rank), the call's uniform_tokens.
+  StreamedCall streamed_call(int64_t tokens, CallForm form) const {
+    StreamedCall call;
+    call.router = &router_;
+    call.x = x(tokens);
+    call.router_weight = router_weight();
+    call.logits = logits(tokens);
+    call.form = form;
+    call.uniform_tokens = tokens;
+    call.topk_idx = outputs(tokens).topk_idx;
+    return call;
+  }
+
+  // What run() writes, as the layer's inputs.
+  LayerInputs outputs(int64_t tokens) const {
+    const int64_t hidden = problem_.hidden, k = router_.top_k;
+    LayerInputs in;
+    in.num_tokens = static_cast<int32_t>(tokens);
+    in.topk_idx = view(topk_idx_, DType::i32, {tokens, k});
+    in.topk_weights = view(topk_weights_, DType::f32, {tokens, k});
+    if (problem_.recipe == Recipe::bf16) {
+      in.x = x(tokens);
+    } else {
+      in.x = view(x_out_, DType::e4m3, {tokens, hidden});
+      in.x_scales = view(x_scales_, DType::f32, {tokens, hidden / kScaleBlock});
     }
+    return in;
   }
 
  private:
+  static TensorView view(void* data, DType dtype, std::initializer_list<int64_t> shape) {
+    return TensorView::contiguous(data, dtype, shape, Device::cuda);
+  }
+  TensorView x(int64_t tokens) const { return view(x_, DType::bf16, {tokens, problem_.hidden}); }
+  TensorView router_weight() const {
+    return view(weight_, DType::bf16, {router_.num_experts, problem_.hidden});
+  }
+  TensorView logits(int64_t tokens) const { return view(logits_, DType::f32, {tokens, router_.num_experts}); }
+
   Problem problem_;
   RouterConfig router_;
   uint16_t *x_ = nullptr, *weight_ = nullptr;
@@ -499,11 +536,34 @@ void bench_rank(Communicator& comm, const BenchData& data, const SharedArray<Ran
         calls.push_back([&, exec] { MEGAMOE_CHECK_CUDA(cudaGraphLaunch(exec, stream)); });
       }
     }
+    // Streaming against batch on the same routes: the producers' own outputs, not the benchmark's.
+    const size_t first_streaming_call = calls.size();
+    if (data.streaming) {
+      const LayerInputs produced = producers->outputs(in.num_tokens);
+      graphs.push_back(std::make_unique<CapturedCall>(stream, [&] {
+        producers->run(in.num_tokens, stream);
+        call_layer(buffer, produced, weights->view(), fused_out, stream, Schedule::fused);
+      }));
+      for (const CallForm form : {CallForm::streamed, CallForm::automatic}) {
+        graphs.push_back(std::make_unique<CapturedCall>(stream, [&] {
+          streamed_mega_moe(buffer, producers->streamed_call(in.num_tokens, form), weights->view(), fused_out, stream);
+        }));
+      }
+      for (size_t g = graphs.size() - 3; g < graphs.size(); ++g) {
+        cudaGraphExec_t exec = graphs[g]->exec;
+        calls.push_back([&, exec] { MEGAMOE_CHECK_CUDA(cudaGraphLaunch(exec, stream)); });
+      }
+    }
     const std::vector<double> medians = median_calls_us(comm, stream, data.repeats, calls);
     if (producers) {
       m.producers_graph_us = medians[first_producer_call];
       for (size_t i = 0; i < data.schedules.size(); ++i)
         m.end_to_end_graph_us[static_cast<size_t>(data.schedules[i])] = medians[first_producer_call + 1 + i];
+    }
+    if (data.streaming) {
+      m.streaming_batch_graph_us = medians[first_streaming_call];
+      m.streamed_graph_us = medians[first_streaming_call + 1];
+      m.automatic_graph_us = medians[first_streaming_call + 2];
     }
     for (size_t i = 0; i < data.schedules.size(); ++i) {
       const size_t which = static_cast<size_t>(data.schedules[i]);
@@ -558,8 +618,8 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 const char* bench_usage() {
   return "  megamoe bench --preset NAME [--ranks R] [--tokens LIST] [--recipe fp8|fp8_fp4|bf16]\n"
          "                [--routing uniform|zipf] [--schedule staged,fused] [--seed S] [--repeats N]\n"
-         "                [--inputs copied|buffer] [--producers on|off] [--trace DIR]\n"
-         "                --out FILE\n"
+         "                [--inputs copied|buffer] [--producers on|off] [--streaming on|off]\n"
+         "                [--chunk-tokens N] [--trace DIR] --out FILE\n"
          "\n"
          "Times the whole layer and an unfused baseline (NCCL all-to-all, cuBLASLt per-expert GEMMs and\n"
          "permute/SwiGLU/combine kernels) for each token count, with floors from ceilings measured in\n"
@@ -576,6 +636,13 @@ const char* bench_usage() {
          "             top-k, the activations' quantization; megamoe/producers.h), alone and followed by\n"
          "             the layer, both as graphs: rows add producers_graph_us, end_to_end_graph_us and\n"
          "             producer_fraction (their share of the end-to-end time); default off\n"
+         "  --streaming on: also time the producers followed by the fused layer on their outputs (batch_us),\n"
+         "             streamed_mega_moe reading them from the buffer's front ring (streamed_us) and in the\n"
+         "             form it picks for the row's tokens (call_form, streaming_us), as graphs, in the same\n"
+         "             rounds; fused rows add chunk_tokens, and producer_fraction becomes their share of\n"
+         "             batch_us. Implies --producers on; default off\n"
+         "  --chunk-tokens a streamed call's chunk: the producers publish and the layer reads a rank's\n"
+         "             tokens N at a time (default: the whole call in one chunk)\n"
          "  --trace    after each size, one more fused call with its event log, written to\n"
          "             DIR/trace-<tokens>-r<rank>.json (tools/plot_trace.py draws it)\n"
          "  --out      the JSON results file (its directory must exist)\n";
@@ -583,7 +650,8 @@ const char* bench_usage() {
 
 BenchOptions parse_bench(const std::vector<std::string>& args) {
   const Flags flags(args, {"--preset", "--ranks", "--tokens", "--recipe", "--routing", "--seed", "--repeats",
-                           "--schedule", "--inputs", "--producers", "--trace", "--out"});
+                           "--schedule", "--inputs", "--producers", "--streaming", "--chunk-tokens", "--trace",
+                           "--out"});
   BenchOptions options;
   options.command = "megamoe bench";
   for (const std::string& arg : args) options.command += " " + arg;
@@ -620,6 +688,27 @@ BenchOptions parse_bench(const std::vector<std::string>& args) {
   if (auto text = flags.value("--producers")) {
     require(*text == "on" || *text == "off", "--producers", "must be on or off, got '", *text, "'");
     options.producers = *text == "on";
+  }
+  if (auto text = flags.value("--streaming")) {
+    require(*text == "on" || *text == "off", "--streaming", "must be on or off, got '", *text, "'");
+    options.streaming = *text == "on";
+  }
+  if (auto text = flags.value("--chunk-tokens")) {
+    require(options.streaming, "--chunk-tokens", "cuts streamed calls: it needs --streaming on");
+    options.chunk_tokens = parse_number<int32_t>("--chunk-tokens", *text, 1, 1 << 20);
+  }
+  if (options.streaming) {
+    require(std::find(options.schedules.begin(), options.schedules.end(), Schedule::fused) != options.schedules.end(),
+            "--streaming", "compares fused calls: --schedule must include fused");
+    require(flags.value("--producers").value_or("on") == "on", "--streaming",
+            "times the producers with the layer: it cannot run with --producers off");
+    require(!options.inputs_in_buffer, "--streaming",
+            "cannot run with --inputs buffer: the layout producer writes its rows into the buffer's input regions");
+    options.producers = true;
+    options.problem.wave_tokens = options.problem.max_tokens_per_rank;  // a streamed call is one wave
+    const FrontRingShape ring = front_ring_shape(options.problem.max_tokens_per_rank, options.chunk_tokens);
+    options.problem.front_num_slots = ring.num_slots;
+    options.problem.front_tokens_per_slot = ring.tokens_per_slot;
   }
   if (auto text = flags.value("--seed")) options.seed = parse_number<uint64_t>("--seed", *text, 0, UINT64_MAX);
   if (auto text = flags.value("--repeats")) options.repeats = parse_number<int32_t>("--repeats", *text, 1, 10000);
@@ -777,6 +866,7 @@ void run_bench(const BenchOptions& options) {
   data.trace_dir = options.trace_dir;
   data.with_baseline = with_baseline;
   data.producers = options.producers;
+  data.streaming = options.streaming;
   if (options.producers) data.router = preset_router(*options.preset, problem);
   for (int32_t tokens : options.tokens) {
     data.batches.push_back(synthetic_batches(problem, std::vector<int32_t>(static_cast<size_t>(ranks), tokens),
@@ -856,7 +946,8 @@ void run_bench(const BenchOptions& options) {
     }
     for (Schedule schedule : options.schedules) {
       const size_t which = static_cast<size_t>(schedule);
-      double us = 0, graph_us = 0, producers_us = 0, end_to_end_us = 0;
+      double us = 0, graph_us = 0, producers_us = 0, end_to_end_us = 0, batch_us = 0, streamed_us = 0,
+             streaming_us = 0;
       int64_t launches = 0;
       for (int32_t r = 0; r < ranks; ++r) {
         us = std::max(us, row[r].us[which]);
@@ -864,6 +955,9 @@ void run_bench(const BenchOptions& options) {
         launches = std::max(launches, row[r].launches[which]);
         producers_us = std::max(producers_us, row[r].producers_graph_us);
         end_to_end_us = std::max(end_to_end_us, row[r].end_to_end_graph_us[which]);
+        batch_us = std::max(batch_us, row[r].streaming_batch_graph_us);
+        streamed_us = std::max(streamed_us, row[r].streamed_graph_us);
+        streaming_us = std::max(streaming_us, row[r].automatic_graph_us);
       }
       const Rates rates = layer_rates(work, us, emulated);
       const double speedup = baseline_us / us;
@@ -913,11 +1007,27 @@ void run_bench(const BenchOptions& options) {
                              {"baseline_y_error", y_error},
                              {"baseline_check_error", check_error}});
       if (options.producers) {
+        // A streamed row's share is of its batch sequence, timed in the same rounds as the streamed one.
+        const bool streamed_row = options.streaming && schedule == Schedule::fused;
+        const double producer_fraction = producers_us / (streamed_row ? batch_us : end_to_end_us);
         std::printf("%11s %-8s     | producers %.1f us, producers + layer %.1f us (graphs): producer fraction %.3f\n",
-                    "", "", producers_us, end_to_end_us, producers_us / end_to_end_us);
+                    "", "", producers_us, streamed_row ? batch_us : end_to_end_us, producer_fraction);
         report.rows.back().push_back({"producers_graph_us", producers_us});
         report.rows.back().push_back({"end_to_end_graph_us", end_to_end_us});
-        report.rows.back().push_back({"producer_fraction", producers_us / end_to_end_us});
+        report.rows.back().push_back({"producer_fraction", producer_fraction});
+        if (streamed_row) {
+          const std::string form(to_string(choose_call_form(problem, tokens)));
+          std::printf("%11s %-8s     | streaming: batch %.1f us, streamed %.1f us (graphs, chunks of %d tokens), "
+                      "automatic (%s) %.1f us: %.3fx\n",
+                      "", "", batch_us, streamed_us, problem.front_tokens_per_slot, form.c_str(), streaming_us,
+                      batch_us / streaming_us);
+          report.rows.back().push_back({"chunk_tokens", static_cast<long long>(problem.front_tokens_per_slot)});
+          report.rows.back().push_back({"batch_us", batch_us});
+          report.rows.back().push_back({"streamed_us", streamed_us});
+          report.rows.back().push_back({"call_form", form});
+          report.rows.back().push_back({"streaming_us", streaming_us});
+          report.rows.back().push_back({"streaming_speedup", batch_us / streaming_us});
+        }
       }
     }
   }

@@ -33,6 +33,11 @@ struct BenchOptions {
   // --producers: also times what an engine runs before the layer (producers.h: the router's logits
   // and top-k, the activations' quantization for fp8 recipes), alone and followed by the layer.
   bool producers = false;
+  // --streaming: also times the producers followed by the fused layer two ways, as graphs: on the
+  // producers' outputs (batch) and reading them from the buffer's front ring (CallOptions::streamed).
+  // Implies --producers; the buffer's front ring holds two calls (front_ring_shape).
+  bool streaming = false;
+  int32_t chunk_tokens = 0;  // --chunk-tokens: a streamed call's chunk (0: the whole call)
   std::string out;      // the JSON results file
   std::string trace_dir;  // --trace: one fused call's event log per size and rank, as JSON, here
   std::string command;  // the command line, for the report

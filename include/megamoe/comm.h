@@ -93,9 +93,20 @@ class SymmBuffer {
 
   // Waits for `stream`, then throws megamoe::Error with the device's first recorded error (rank,
   // block, what it waited on, expected and seen values) and clears it; returns when there is none.
-  // Clearing also zeroes this rank's front ring: after an error every rank must call it (and meet at
-  // a barrier) before the next streamed call.
+  // After an error that broke the call (a timeout, a streamed chunk out of step) it also zeroes this
+  // rank's front ring, which makes the buffer whole again with one rank; with several, make a new
+  // buffer (docs/streaming.md, "Failures and reset").
   void check_device_error(cudaStream_t stream);
+
+  // The front ring's calls this rank has launched (or captured) so far, counted on the host: each
+  // producer half's (route_tokens, quantize_activations into this buffer) and the streamed layer's.
+  // A streamed layer call reads the call the producers published after its previous one, so the
+  // producers may be at most one call ahead of it (layer.h refuses a call past that, where it would
+  // read an older call's chunks). Zeroed with the ring.
+  struct FrontCalls {
+    uint64_t route = 0, layout = 0, layer = 0;
+  };
+  FrontCalls& front_calls() { return front_calls_; }
 
  private:
   struct Impl;
@@ -103,6 +114,7 @@ class SymmBuffer {
   Problem problem_;
   BufferLayout layout_;
   SymmView view_{};
+  FrontCalls front_calls_;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -11,6 +11,8 @@
 
 namespace megamoe {
 
+struct RouterConfig;
+
 // This rank's inputs for one call, in device memory. num_tokens may differ across ranks and may be 0.
 struct LayerInputs {
   int32_t num_tokens = 0;
@@ -64,6 +66,13 @@ struct CallOptions {
   // both GEMMs and combine overlap. Both compute the same steps; their tile shapes and splits of K
   // may differ, which moves FP32 sums by rounding. Every rank of a call uses the same schedule.
   Schedule schedule = Schedule::staged;
+  // Fused schedule only: the call's inputs come from the buffer's front ring (docs/streaming.md), as
+  // this call's producers published them (route_tokens and quantize_activations into the buffer,
+  // megamoe/producers.h), not from LayerInputs, whose tensors stay empty; inputs.num_tokens is the
+  // producers' token count. Each rank reads every rank's routes itself, so the call needs no count
+  // exchange. A call runs in one wave (the buffer's wave must hold its max_tokens_per_rank), its
+  // ranks' chunks read as they are published.
+  bool streamed = false;
   // Optional, fused schedule only: an event log of the call, for seeing where its time goes
   // (tools/plot_trace.py). u8 [fused_trace_bytes(buffer)] on the device, read once the call is done.
   TensorView trace;
@@ -77,7 +86,7 @@ struct CallOptions {
 struct FusedTraceEvent {
   uint64_t ns;     // the GPU's global timer
   uint32_t unit;   // the call's unit number, in claim order
-  uint8_t kind;    // 0 send, 1 pull, 2 shared L1, 3 routed L1, 4 routed L2, 5 shared L2, 6 combine
+  uint8_t kind;    // 0 send, 1 pull, 2 shared L1, 3 routed L1, 4 routed L2, 5 shared L2, 6 combine, 8 route
   uint8_t what;    // 0 claimed, 1 ready, 2 done
   uint16_t cta;
 };
@@ -107,6 +116,43 @@ void bf16_mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWei
 // Whichever of the three the buffer's recipe calls for.
 void mega_moe(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
               cudaStream_t stream, const TensorView& recv_stats = {}, const CallOptions& options = {});
+
+// Streaming mode in one call (docs/streaming.md): this rank's producers, the router's logits
+// (router_logits: x times router_weight into `logits`), its top-k (route_tokens) and the activations'
+// quantization (quantize_activations), both published into `buffer`'s front ring, then the layer
+// reading the ring (CallOptions::streamed, fused schedule). The layer's kernel is launched to start
+// while the producers still run: it waits for their chunks through the ring, not for their kernels
+// to end, which only this sequence of launches makes safe. Every argument is checked before any
+// launch; the layer's limits are CallOptions::streamed's.
+//
+// `form` picks how the call runs (types.h): streamed as above; batch, the same producers writing the
+// layer's inputs (this buffer's input regions, buffer_input_views, and `topk_idx`), then the fused
+// layer on them, as an engine runs without streaming; automatic, whichever choose_call_form picks.
+// Every rank must run a call in the same form: a streamed rank would wait for ring chunks that a
+// batch rank never publishes, and time out naming the ring site. So the choice depends only on what
+// every rank passes alike: the Problem and `uniform_tokens`.
+struct StreamedCall {
+  const RouterConfig* router = nullptr;  // the scoring and top-k (router.h)
+  TensorView x;              // [num_tokens, hidden] bf16
+  TensorView router_weight;  // [num_experts, hidden] bf16
+  TensorView router_bias;    // [num_experts] f32 for sigmoid scoring, or empty (zero)
+  TensorView logits;         // [num_tokens, num_experts] f32: scratch the router's logits go to
+  CallForm form = CallForm::automatic;
+  // The same on every rank: the most tokens any rank has in this call (an engine's padded batch size
+  // or the largest count over its data-parallel ranks), at least this rank's; 0 means the problem's
+  // max_tokens_per_rank. choose_call_form decides by it.
+  int64_t uniform_tokens = 0;
+  TensorView topk_idx;       // [num_tokens, top_k] i32: scratch for the batch form's routes (unless form is streamed)
+};
+void streamed_mega_moe(SymmBuffer& buffer, const StreamedCall& call, const LayerWeights& weights,
+                       const TensorView& y, cudaStream_t stream, const TensorView& recv_stats = {});
+
+// automatic's choice for a call of `uniform_tokens` (StreamedCall::uniform_tokens, 0 = the problem's
+// max_tokens_per_rank): streamed up to kStreamedCallsUpToTokens tokens, batch above. 0 for now: on
+// one H200 streamed calls took 1.04-1.32x the batch sequence's time at every size measured
+// (bench/results/streaming-*-2026-12-05.json; docs/streaming.md, "When streaming pays").
+inline constexpr int64_t kStreamedCallsUpToTokens = 0;
+CallForm choose_call_form(const Problem& p, int64_t uniform_tokens);
 
 namespace detail {
 // The staged call's L1 and L2 launches alone, on the rows the previous call with the same inputs

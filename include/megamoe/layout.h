@@ -25,7 +25,8 @@
 //   front_ring         the streaming front ring (docs/streaming.md), when front_num_slots > 0
 //   gemm_split         kGemmSplitWorkspaceBytes: the grouped GEMM's split-K counters and partial sums (local)
 //   fused_counters     the fused schedule's readiness counters (local, zero between calls): rows pulled per
-//                      local expert, L1 completions per routed token tile and per shared token tile
+//                      local expert, L1 completions per routed token tile and per shared token tile,
+//                      a streamed call's route counters (StreamedRouteCounters)
 //   expanded_weights   fp8_fp4 only: the staged schedule's scratch for one linear's weights as E4M3
 //                      (local; kExpandFp4Rows): the routed experts' [experts_per_rank][2 * intermediate]
 //                      [hidden] when a wave can expect that many rows per expert (L1 is the larger
@@ -86,7 +87,21 @@ enum DeviceErrorCode : uint32_t {
   kDeviceSlotOverflow = 3,      // more routes to one (expert, source rank) than a token count allows
   kDeviceCapacityExceeded = 4,  // rank `peer` received `seen` routes, more than Problem::recv_capacity
                                 //   (`expected`): the call did nothing on any rank
+  kDeviceStreamedChunks = 5,    // a streamed call read source rank `peer`'s chunk `detail` out of step
+                                //   with its call: `seen` its first token << 32 | its call's tokens,
+                                //   `expected` the same as the call's first chunk puts them (`choice` 1:
+                                //   the call's tokens, at most max_tokens_per_rank)
+  kDeviceStreamedTokens = 6,    // a streamed call's own front-ring chunks hold `seen` tokens, its
+                                //   num_tokens said `expected`
 };
+
+// Whether an error leaves the call's protocol incomplete: a wait gave up, or a streamed chunk was out
+// of step (its reader gave up without counting). The rank's later waits stop, and the buffer's counts
+// and front ring no longer agree with its peers' (a new buffer is needed with several ranks). Input
+// errors (ids, slots, capacity) do not: the call runs to its end on every rank.
+MEGAMOE_HD constexpr bool breaks_call(uint32_t code) {
+  return code == kDeviceTimeout || code == kDeviceStreamedChunks || code == kDeviceStreamedTokens;
+}
 
 // Where a spin-wait was waiting (DeviceError::site).
 enum WaitSite : uint32_t {
@@ -104,9 +119,12 @@ enum WaitSite : uint32_t {
   kWaitFusedL1Tile = 12,      // L1 outputs of a routed token tile
   kWaitFusedSharedL1Tile = 13,  // L1 outputs of a shared-expert token tile
   kWaitFusedTileDone = 14,    // tile-done counts handed over by a math warpgroup (`detail` = warpgroup)
+  kWaitFusedRoutes = 15,      // a streamed call's route units (every source's routes indexed here)
 };
 
-// The first error a kernel hits is recorded here (first writer wins) for the host to report.
+// The first error a kernel hits is recorded (first writer wins) for the host to report: in
+// ControlBlock::error if it breaks the call (breaks_call), else in ControlBlock::input_error, so that
+// an input error cannot hide a later failure from the waits and resets that go by the first.
 struct DeviceError {
   uint32_t code;
   uint32_t site;
@@ -122,7 +140,8 @@ struct DeviceError {
 
 // Counters at the head of the buffer.
 struct ControlBlock {
-  DeviceError error;
+  DeviceError error;        // one that broke the call
+  DeviceError input_error;  // an input error (a bad expert id, a slot overflow, a refused call)
   uint64_t barrier_epoch;                   // local: how many rank barriers this rank has entered
   uint64_t barrier_arrivals[kMaxRanks];     // written by peers: the epoch each peer has reached
   uint32_t grid_barrier_count;              // arrivals of this rank's blocks (grid barrier)
@@ -145,6 +164,16 @@ struct FusedCounters {
   uint32_t* rows_pulled;     // [experts_per_rank]
   uint32_t* l1_done;         // [routed token tiles]: +1 per math warpgroup and L1 weight tile
   uint32_t* shared_l1_done;  // [shared token tiles]
+};
+
+// A streamed call's route units' counters (the fused counters' last words): the source ranks whose
+// routes are indexed, each source's parts done and chunks in the call (what the kernel's end
+// acknowledges), and each (local expert, source) pair's next table slot.
+struct StreamedRouteCounters {
+  uint32_t* sources_done;  // [1]
+  uint32_t* parts_done;    // [num_ranks]
+  uint32_t* chunks;        // [num_ranks]
+  uint32_t* cursors;       // [experts_per_rank][num_ranks]
 };
 
 struct Region {
@@ -241,7 +270,8 @@ struct BufferLayout {
     l.max_routed_token_tiles = static_cast<uint32_t>(rows / kFusedMinTokenTile) + l.experts_per_rank;
     l.max_shared_token_tiles = static_cast<uint32_t>(ceil_div(tokens, kFusedMinTokenTile));
     place(l.fused_counters,
-          sizeof(uint32_t) * (uint64_t{l.experts_per_rank} + l.max_routed_token_tiles + l.max_shared_token_tiles));
+          sizeof(uint32_t) * (uint64_t{l.experts_per_rank} + l.max_routed_token_tiles + l.max_shared_token_tiles + 1 +
+                              static_cast<uint64_t>(p.num_ranks) * (2 + l.experts_per_rank)));
     // A wave of `tokens` expects at most this many rows per routed expert (as a call counts them), and
     // the shared experts' one group has `tokens` rows.
     const uint64_t routed_rows = tokens * static_cast<uint64_t>(p.num_ranks) * static_cast<uint64_t>(p.top_k) /
@@ -307,6 +337,12 @@ struct BufferLayout {
   MEGAMOE_HD FusedCounters fused(void* base) const {
     uint32_t* first = at<uint32_t>(base, fused_counters);
     return {first, first + experts_per_rank, first + experts_per_rank + max_routed_token_tiles};
+  }
+  // The fused counters' last words: a streamed call's route counters (num_ranks: the problem's).
+  MEGAMOE_HD StreamedRouteCounters streamed_routes(void* base, uint32_t num_ranks) const {
+    uint32_t* first =
+        at<uint32_t>(base, fused_counters) + experts_per_rank + max_routed_token_tiles + max_shared_token_tiles;
+    return {first, first + 1, first + 1 + num_ranks, first + 1 + 2 * num_ranks};
   }
   MEGAMOE_HD uint16_t* combine_slot(void* base, uint32_t token, uint32_t slot, uint32_t slots, uint32_t hidden) const {
     return at<uint16_t>(base, combine) + (static_cast<uint64_t>(token) * slots + slot) * hidden;

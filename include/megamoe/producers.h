@@ -40,10 +40,12 @@ void route_tokens(const RouterConfig& config, const TensorView& logits, const Te
 
 // Streaming mode: this rank's next call's tokens published chunk by chunk into `buffer`'s front ring
 // (its Problem has front_num_slots > 0 and a ring that holds the call), for a consumer to take while
-// later chunks are produced (the MoE layer's streamed dispatch, which will consume it, is not built yet). route_tokens writes each chunk's routes and its metadata (the
-// route half), quantize_activations its activations, quantized for fp8 recipes and copied for bf16
-// (the layout half); config and x must match the buffer's Problem. Launch both on one stream, in
-// either order, before the call that consumes them; a call with no tokens publishes one empty chunk.
+// later chunks are produced (a streamed layer call, CallOptions::streamed, reads them). route_tokens
+// writes each chunk's routes and its metadata (the route half), quantize_activations its activations,
+// quantized for fp8 recipes and copied for bf16 (the layout half; with shared experts also into the
+// buffer's x regions, where this rank's shared experts read them in a streamed call); config and x
+// must match the buffer's Problem. Launch both on one stream, in either order, before the call that
+// consumes them; a call with no tokens publishes one empty chunk.
 // A producer that waits past the buffer's timeout for a slot's previous chunk to be acknowledged
 // records a device error (kWaitFrontConsumed: slot, generation) that check_device_error reports.
 void route_tokens(const RouterConfig& config, const TensorView& logits, const TensorView& bias, SymmBuffer& buffer,

@@ -37,7 +37,7 @@ struct FrontSlotMeta {
   uint32_t token_base;  // the slot's first token: its row in the source rank's tokens of the call
   uint32_t valid;       // tokens in the slot: tokens_per_slot, fewer in a call's final chunk, 0 when empty
   uint32_t last;        // 1 on the source rank's final chunk of the call
-  uint32_t reserved;    // pads the record to 16 bytes (one vector load)
+  uint32_t call_tokens; // the source rank's tokens in the call: any one chunk tells how many follow it
 };
 
 struct FrontSpan {
@@ -59,6 +59,19 @@ MEGAMOE_HD uint32_t front_chunk_count(uint32_t tokens, uint32_t tokens_per_slot)
   return tokens == 0 ? 1u : (tokens + tokens_per_slot - 1) / tokens_per_slot;
 }
 
+// The front ring of a buffer for streamed calls (Problem::front_num_slots and front_tokens_per_slot):
+// chunks of `chunk_tokens` (0, or more than a call holds: one chunk per call), and slots for two calls,
+// so that a call's producers need not wait for the previous call's last readers on other ranks.
+struct FrontRingShape {
+  int32_t num_slots;
+  int32_t tokens_per_slot;
+};
+MEGAMOE_HD FrontRingShape front_ring_shape(int32_t max_tokens_per_rank, int32_t chunk_tokens) {
+  const int32_t max_tokens = max_tokens_per_rank > 0 ? max_tokens_per_rank : 1;
+  const int32_t per_slot = chunk_tokens > 0 && chunk_tokens < max_tokens ? chunk_tokens : max_tokens;
+  return {2 * ((max_tokens + per_slot - 1) / per_slot), per_slot};
+}
+
 // Metadata of chunk `chunk` (< front_chunk_count) of such a call.
 MEGAMOE_HD FrontSlotMeta front_chunk_meta(uint32_t tokens, uint32_t tokens_per_slot, uint32_t chunk) {
   FrontSlotMeta meta{};
@@ -66,6 +79,7 @@ MEGAMOE_HD FrontSlotMeta front_chunk_meta(uint32_t tokens, uint32_t tokens_per_s
   const uint32_t left = tokens - meta.token_base;
   meta.valid = left < tokens_per_slot ? left : tokens_per_slot;
   meta.last = chunk + 1 == front_chunk_count(tokens, tokens_per_slot) ? 1u : 0u;
+  meta.call_tokens = tokens;
   return meta;
 }
 
@@ -131,6 +145,15 @@ struct FrontRingLayout {
   MEGAMOE_HD uint64_t call_capacity() const { return static_cast<uint64_t>(num_slots) * tokens_per_slot; }
   MEGAMOE_HD bool holds_call(uint64_t tokens) const { return num_slots > 0 && tokens <= call_capacity(); }
 
+  // The ring row (slot * tokens_per_slot + row in the slot) of token `token` of a source's call whose
+  // first chunk is sequence `first_seq`: a call's chunks take consecutive slots, so its rows are
+  // consecutive ring rows, continued from the last slot's end at the first slot's start. token <
+  // call_capacity() (holds_call: a call never takes more than the ring's slots).
+  MEGAMOE_HD uint64_t call_row(uint64_t first_seq, uint32_t token) const {
+    const uint64_t row = uint64_t{front_slot(first_seq, num_slots)} * tokens_per_slot + token;
+    return row >= call_capacity() ? row - call_capacity() : row;
+  }
+
   // ---- Typed accessors, given the base of the front_ring region on some rank ----
   template <typename T>
   MEGAMOE_HD static T* at(void* ring, const FrontSpan& span, uint64_t element) {
@@ -183,32 +206,42 @@ struct FrontWaitResult {
   uint32_t slot = 0;
   uint64_t expected = 0;
   uint64_t seen = 0;  // the word's value when the wait gave up
+  bool abandoned = false;  // gave up because the caller's stop() said so, not on its timeout
   MEGAMOE_HD bool ok() const { return what == FrontWaitFor::nothing; }
 };
 
-// Polls `word` (acquire) until it holds `expected`, or until timeout_ns have passed since `start`.
-template <typename Atomics>
+// A wait's early way out: never, by default. On the GPU the layer and the producers stop once their
+// rank has recorded a failure (device::rank_call_failed), instead of waiting a whole timeout for a
+// word that will not come.
+struct FrontNeverStop {
+  MEGAMOE_HD bool operator()() const { return false; }
+};
+
+// Polls `word` (acquire) until it holds `expected`, or until timeout_ns have passed since `start`,
+// or until stop() (asked every 64 polls) returns true.
+template <typename Atomics, typename Stop = FrontNeverStop>
 MEGAMOE_HD FrontWaitResult front_wait_word(uint64_t* word, uint64_t expected, FrontWaitFor what, uint32_t peer,
-                                           uint32_t slot, uint64_t start, uint64_t timeout_ns) {
-  for (;;) {
+                                           uint32_t slot, uint64_t start, uint64_t timeout_ns, const Stop& stop = {}) {
+  for (uint32_t polls = 1;; ++polls) {
     const uint64_t seen = Atomics::load_acquire(word);
     if (seen == expected) return FrontWaitResult{};
     if (Atomics::now_ns() - start >= timeout_ns) return FrontWaitResult{what, peer, slot, expected, seen};
+    if (polls % 64 == 0 && stop()) return FrontWaitResult{what, peer, slot, expected, seen, true};
     Atomics::backoff();
   }
 }
 
 // Producer, before writing its half of chunk `seq` into its own ring: waits until every destination
 // rank has acknowledged the slot's previous generation (all of them read every chunk's routing).
-template <typename Atomics>
+template <typename Atomics, typename Stop = FrontNeverStop>
 MEGAMOE_HD FrontWaitResult front_wait_slot_free(const FrontRingLayout& l, void* own_ring, uint64_t seq,
-                                                uint64_t timeout_ns) {
+                                                uint64_t timeout_ns, const Stop& stop = {}) {
   const uint32_t slot = front_slot(seq, l.num_slots);
   const uint64_t previous = front_generation(seq, l.num_slots) - 1;
   const uint64_t start = Atomics::now_ns();
   for (uint32_t dst = 0; dst < l.num_ranks; ++dst) {
     const FrontWaitResult result = front_wait_word<Atomics>(l.consumed_word(own_ring, slot, dst), previous,
-                                                            FrontWaitFor::consumed, dst, slot, start, timeout_ns);
+                                                            FrontWaitFor::consumed, dst, slot, start, timeout_ns, stop);
     if (!result.ok()) return result;
   }
   return FrontWaitResult{};
@@ -223,17 +256,18 @@ MEGAMOE_HD void front_publish(const FrontRingLayout& l, void* own_ring, FrontHal
 
 // Consumer, before any read of chunk `seq` of source rank src_rank (whose ring is src_ring): waits
 // until both halves are published with the chunk's generation (acquire).
-template <typename Atomics>
+template <typename Atomics, typename Stop = FrontNeverStop>
 MEGAMOE_HD FrontWaitResult front_wait_ready(const FrontRingLayout& l, void* src_ring, uint32_t src_rank, uint64_t seq,
-                                            uint64_t timeout_ns) {
+                                            uint64_t timeout_ns, const Stop& stop = {}) {
   const uint32_t slot = front_slot(seq, l.num_slots);
   const uint64_t generation = front_generation(seq, l.num_slots);
   const uint64_t start = Atomics::now_ns();
-  const FrontWaitResult route = front_wait_word<Atomics>(l.ready_word(src_ring, FrontHalf::route, slot), generation,
-                                                         FrontWaitFor::route_ready, src_rank, slot, start, timeout_ns);
+  const FrontWaitResult route =
+      front_wait_word<Atomics>(l.ready_word(src_ring, FrontHalf::route, slot), generation, FrontWaitFor::route_ready,
+                               src_rank, slot, start, timeout_ns, stop);
   if (!route.ok()) return route;
   return front_wait_word<Atomics>(l.ready_word(src_ring, FrontHalf::layout, slot), generation,
-                                  FrontWaitFor::layout_ready, src_rank, slot, start, timeout_ns);
+                                  FrontWaitFor::layout_ready, src_rank, slot, start, timeout_ns, stop);
 }
 
 // Consumer dst_rank, after its last read of chunk `seq` from src_ring: hands the slot back (release).

@@ -66,4 +66,13 @@ enum class Schedule : uint8_t { staged, fused };
 constexpr std::string_view to_string(Schedule schedule) { return schedule == Schedule::fused ? "fused" : "staged"; }
 bool parse_schedule(std::string_view text, Schedule& schedule);
 
+// How streamed_mega_moe runs a call (layer.h): through the front ring (streamed), as the producers'
+// batch outputs followed by the layer (batch), or whichever choose_call_form picks (automatic).
+enum class CallForm : uint8_t { automatic, streamed, batch };
+
+constexpr std::string_view to_string(CallForm form) {
+  return form == CallForm::streamed ? "streamed" : form == CallForm::batch ? "batch" : "automatic";
+}
+bool parse_call_form(std::string_view text, CallForm& form);
+
 }  // namespace megamoe

@@ -16,11 +16,12 @@ from __future__ import annotations
 from typing import Dict, Optional
 
 from . import _megamoe
-from ._megamoe import Problem, __version__
+from ._megamoe import Problem, RouterConfig, __version__, deepseek_v3_router, softmax_router
 
 RECIPES = ("fp8", "fp8_fp4", "bf16")
 
-__all__ = ["__version__", "Problem", "RECIPES", "make_problem", "presets", "preset_problem"]
+__all__ = ["__version__", "Problem", "RECIPES", "RouterConfig", "deepseek_v3_router", "make_problem", "presets",
+           "preset_problem", "softmax_router"]
 
 
 def make_problem(*, num_experts: int, top_k: int, hidden: int, intermediate: int, max_tokens_per_rank: int,

@@ -20,6 +20,7 @@ kernels record (an expert id outside [-1, num_experts), a timeout) surface as Ru
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
@@ -37,6 +38,7 @@ __all__ = [
     "fp8_fp4_mega_moe",
     "bf16_mega_moe",
     "emulated_group",
+    "streamed_mega_moe",
 ]
 
 _E4M3 = torch.float8_e4m3fn
@@ -62,7 +64,8 @@ def _nccl_communicator(group, device: int):
 def _copy_problem(problem):
     copy = _megamoe.Problem()
     for name in ("num_ranks", "rank", "num_experts", "top_k", "hidden", "intermediate", "num_shared_experts",
-                 "max_tokens_per_rank", "recipe", "recv_capacity", "wave_tokens"):
+                 "max_tokens_per_rank", "recipe", "recv_capacity", "wave_tokens", "front_num_slots",
+                 "front_tokens_per_slot"):
         setattr(copy, name, getattr(problem, name))
     return copy
 
@@ -106,13 +109,19 @@ class Buffer:
     - ``x``: [max tokens, hidden] float8_e4m3fn (fp8 recipes) or bfloat16;
     - ``x_sf``: as above (not for bf16);
     - ``topk_idx``: [max tokens, top_k] int32 (-1 = masked route); ``topk_weights``: float32.
+
+    ``streaming=True`` gives the buffer a front ring, so that :func:`streamed_mega_moe` can run the router
+    and the quantization into it and the layer read it there; the buffer is then one wave of
+    ``num_max_tokens_per_rank``. ``chunk_tokens`` cuts each call's tokens into chunks of that many, which
+    the producers publish and the layer reads one by one (default: a whole call in one chunk).
     """
 
     def __init__(self, group=None, problem=None, *, num_experts: Optional[int] = None,
                  num_max_tokens_per_rank: Optional[int] = None, num_topk: Optional[int] = None,
                  hidden: Optional[int] = None, intermediate_hidden: Optional[int] = None,
                  num_shared_experts: int = 0, recipe: Optional[str] = None, activation_scales: str = "block",
-                 recv_capacity: Optional[int] = None, wave_tokens: Optional[int] = None, communicator=None):
+                 recv_capacity: Optional[int] = None, wave_tokens: Optional[int] = None, communicator=None,
+                 streaming: bool = False, chunk_tokens: Optional[int] = None):
         if communicator is None:
             if not torch.cuda.is_available():
                 raise RuntimeError("Buffer: no CUDA device is available")
@@ -140,6 +149,20 @@ class Buffer:
             problem.recv_capacity = recv_capacity
         if wave_tokens is not None:
             problem.wave_tokens = wave_tokens
+        if streaming:
+            if activation_scales != "block":
+                raise ValueError("activation_scales: a streaming buffer quantizes x itself into 1x128 blocks "
+                                 f"('block'), got {activation_scales!r}")
+            if wave_tokens not in (None, 0, problem.max_tokens_per_rank):
+                raise ValueError(f"wave_tokens: a streaming buffer holds a whole call "
+                                 f"({problem.max_tokens_per_rank} tokens), got {wave_tokens}")
+            if chunk_tokens is not None and (not isinstance(chunk_tokens, int) or chunk_tokens < 1):
+                raise ValueError(f"chunk_tokens: must be a positive int, got {chunk_tokens!r}")
+            problem.wave_tokens = problem.max_tokens_per_rank
+            problem.front_num_slots, problem.front_tokens_per_slot = _megamoe.front_ring_shape(
+                problem.max_tokens_per_rank, chunk_tokens or 0)
+        elif chunk_tokens is not None:
+            raise ValueError("chunk_tokens: cuts streamed calls: it needs streaming=True")
         if activation_scales not in ("block", "mx"):
             raise ValueError(f"activation_scales: must be 'block' or 'mx', got {activation_scales!r}")
         if activation_scales == "mx" and problem.recipe != "fp8_fp4":
@@ -182,6 +205,14 @@ class Buffer:
                 self._core.set_mx_staging(self.x.view(torch.uint8), self.x_sf.view(torch.uint8))
         else:
             self.x, self.x_sf = self._x, self._x_scales
+        self.streaming = p.front_tokens_per_slot > 0
+        # Streamed calls' scratch: the router's logits and the batch form's routes (made here, so that
+        # no call allocates).
+        self._logits = self._topk_idx_scratch = None
+        if self.streaming:
+            self._logits = torch.empty((p.max_tokens_per_rank, p.num_experts), dtype=torch.float32, device=self.device)
+            self._topk_idx_scratch = torch.empty((p.max_tokens_per_rank, p.top_k), dtype=torch.int32,
+                                                 device=self.device)
         self._stats_scratch = torch.zeros(p.experts_per_rank, dtype=torch.int64, device=self.device)
         self._weights_cache: Dict[tuple, tuple] = {}
         self._emulated = bool(self._comm.emulated)
@@ -199,6 +230,13 @@ class Buffer:
         timeout, create a new buffer."""
         self._core.check_device_error(_stream_of(self.stream))
 
+    def call_form(self, uniform_tokens: Optional[int] = None) -> str:
+        """The form, ``"streamed"`` or ``"batch"``, that :func:`streamed_mega_moe` with ``form="automatic"``
+        takes for a call of ``uniform_tokens`` (default: ``num_max_tokens_per_rank``)."""
+        if self._core is None:
+            raise ValueError("sym_buffer: was destroyed")
+        return self._core.call_form(uniform_tokens or 0)
+
     def destroy(self) -> None:
         """Frees the buffer and this library's communicator (collective: every rank calls it). Without it
         both are left to process exit, since freeing them waits for every rank."""
@@ -209,7 +247,8 @@ class Buffer:
                 self.stream.synchronize()
             else:
                 torch.cuda.synchronize(self.device)
-        self.x = self.x_sf = self.topk_idx = self.topk_weights = self._x = self._x_scales = None
+        self.x = self.x_sf = self.topk_idx = self.topk_weights = self._x = self._x_scales = self._logits = None
+        self._topk_idx_scratch = None
         self._weights_cache.clear()
         if self._core is not None:
             self._core.destroy()
@@ -540,3 +579,81 @@ def bf16_mega_moe(y: torch.Tensor, l1_weights: MegaMoeWeights, l2_weights: MegaM
     """As :func:`fp8_fp4_mega_moe` with BF16 activations and weights (DeepGEMM's bf16_mega_moe signature)."""
     _run("bf16", y, l1_weights, l2_weights, sym_buffer, cumulative_local_expert_recv_stats, None, activation,
          activation_clamp, shared_l1_weights, shared_l2_weights, num_tokens, schedule)
+
+
+def streamed_mega_moe(y: torch.Tensor, x: torch.Tensor, router_weight: torch.Tensor, router, l1_weights: MegaMoeWeights,
+                      l2_weights: MegaMoeWeights, sym_buffer: Buffer,
+                      cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None, *,
+                      router_bias: Optional[torch.Tensor] = None, router_logits: Optional[torch.Tensor] = None,
+                      shared_l1_weights: Optional[MegaMoeWeights] = None,
+                      shared_l2_weights: Optional[MegaMoeWeights] = None, form: str = "automatic",
+                      uniform_tokens: Optional[int] = None) -> None:
+    """y [num_tokens, hidden] bf16 = the MoE layer of x [num_tokens, hidden] bf16 with the router run on the
+    GPU: logits = x @ router_weight.T (router_weight [num_experts, hidden] bf16), ``router``'s scoring and
+    top-k (a :class:`megamoe.RouterConfig`: :func:`megamoe.softmax_router` or
+    :func:`megamoe.deepseek_v3_router`, whose sigmoid choice takes ``router_bias`` [num_experts] float32),
+    x quantized as the recipe needs, all published into ``sym_buffer``'s front ring, which the fused layer
+    reads as they land. ``router_logits`` (float32 [num_tokens, num_experts], optional) receives the logits.
+    ``sym_buffer`` must be made with ``streaming=True``; every rank calls it, as for the other calls. The
+    activation clamp and MX activations are not available here.
+
+    ``form``: ``"streamed"`` as above; ``"batch"``, the same producers writing the layer's inputs, then the
+    fused layer on them (an engine's sequence without streaming); ``"automatic"`` (default), whichever pays
+    for a call of ``uniform_tokens`` (``sym_buffer.call_form(n)`` says which). Every rank must run a call in
+    the same form, so ``uniform_tokens`` must be the same on every rank: the most tokens any rank has in the
+    call, e.g. the padded batch size (default: the buffer's ``num_max_tokens_per_rank``)."""
+    b = sym_buffer
+    if not isinstance(b, Buffer):
+        raise ValueError(f"sym_buffer: must be a megamoe.torch.Buffer, got {type(b).__name__}")
+    if b._core is None:
+        raise ValueError("sym_buffer: was destroyed")
+    if not b.streaming:
+        raise ValueError("sym_buffer: streamed calls need a buffer made with streaming=True")
+    if not isinstance(router, _megamoe.RouterConfig):
+        raise ValueError(f"router: must be a megamoe.RouterConfig (megamoe.softmax_router, megamoe.deepseek_v3_router), "
+                         f"got {type(router).__name__}")
+    n = _check_y(y, b)
+    for name, t, shape, dtype in (("x", x, (n, b.hidden), torch.bfloat16),
+                                  ("router_weight", router_weight, (b.num_experts, b.hidden), torch.bfloat16)):
+        if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape or t.device != b.device \
+                or not t.is_contiguous():
+            raise ValueError(f"{name}: must be a contiguous {dtype} tensor {list(shape)} on {b.device}, got "
+                             f"{getattr(t, 'dtype', type(t))} {list(getattr(t, 'shape', []))}")
+    if router_bias is not None and (not isinstance(router_bias, torch.Tensor) or router_bias.dtype != torch.float32
+                                    or tuple(router_bias.shape) != (b.num_experts,) or router_bias.device != b.device):
+        raise ValueError(f"router_bias: must be a float32 tensor [{b.num_experts}] on {b.device}")
+    stats = cumulative_local_expert_recv_stats
+    stats64 = None
+    if stats is not None:
+        if not isinstance(stats, torch.Tensor) or stats.dtype not in (torch.int32, torch.int64) \
+                or tuple(stats.shape) != (b.num_experts_per_rank,) or stats.device != b.device \
+                or not stats.is_contiguous():
+            raise ValueError(f"cumulative_local_expert_recv_stats: must be a contiguous int32 or int64 tensor "
+                             f"[{b.num_experts_per_rank}] on {b.device}")
+        stats64 = stats if stats.dtype == torch.int64 else b._stats_scratch
+    if router_logits is not None:
+        if not isinstance(router_logits, torch.Tensor) or router_logits.dtype != torch.float32 \
+                or tuple(router_logits.shape) != (n, b.num_experts) or router_logits.device != b.device \
+                or not router_logits.is_contiguous():
+            raise ValueError(f"router_logits: must be a contiguous float32 tensor [{n}, {b.num_experts}] on {b.device}")
+        logits = router_logits
+    else:
+        logits = b._logits[:n]
+    if form not in ("automatic", "streamed", "batch"):
+        raise ValueError(f"form: must be 'automatic', 'streamed' or 'batch', got {form!r}")
+    if uniform_tokens is not None:
+        try:
+            if isinstance(uniform_tokens, bool):
+                raise TypeError
+            uniform_tokens = operator.index(uniform_tokens)  # int, numpy and torch integers alike
+        except TypeError:
+            raise ValueError(f"uniform_tokens: must be an int (the same on every rank), got {uniform_tokens!r}") from None
+    # The batch form's routes (automatic needs them alike, whichever form it picks).
+    topk_idx = None if form == "streamed" else b._topk_idx_scratch[:n]
+    weights = _layer_weights(b, l1_weights, l2_weights, shared_l1_weights, shared_l2_weights)
+    b._core.run_streamed(router, x, router_weight, router_bias, logits, weights, y, _stream_of(b.stream), stats64,
+                         form, uniform_tokens or 0, topk_idx)
+    if stats is not None and stats.dtype == torch.int32:
+        with torch.cuda.stream(b.stream):
+            stats.add_(b._stats_scratch)
+            b._stats_scratch.zero_()

@@ -34,6 +34,8 @@
 #include "megamoe/presets.h"
 #include "megamoe/problem.h"
 #include "megamoe/reference.h"
+#include "megamoe/router.h"
+#include "megamoe/streaming.h"
 #include "megamoe/weights.h"
 
 namespace nb = nanobind;
@@ -476,6 +478,38 @@ struct PyBuffer {
     set_device(device);
     launch(kind, b, in, weights, out, as_stream(stream), stats, options);
   }
+
+  // One streamed call (streamed_mega_moe): the router, top-k and quantization of x publish into the
+  // buffer's front ring and the fused layer reads it there, or run as the batch sequence (`form`).
+  // router_bias may be None; logits and topk_idx (None for form "streamed") are scratch.
+  void run_streamed(const RouterConfig& router, const Array& x, const Array& router_weight,
+                    const nb::object& router_bias, const Array& logits, const PyLayerWeights& weights, const Array& y,
+                    uintptr_t stream, const nb::object& recv_stats, const std::string& form, int64_t uniform_tokens,
+                    const nb::object& topk_idx) {
+    SymmBuffer& b = get();
+    CallForm call_form;
+    require(parse_call_form(form, call_form), "form", "must be automatic, streamed or batch, got '", form, "'");
+    require(weights.recipe == b.problem().recipe, "weights", "were prepared for recipe ", to_string(weights.recipe),
+            " but the buffer is for ", to_string(b.problem().recipe));
+    require(weights.device == device, "weights", "must be on cuda:", device, " (the buffer's device), got cuda:",
+            weights.device);
+    StreamedCall call;
+    call.router = &router;
+    call.x = device_view(x, "x", DType::bf16, device);
+    call.router_weight = device_view(router_weight, "router_weight", DType::bf16, device);
+    if (!router_bias.is_none())
+      call.router_bias = device_view(nb::cast<Array>(router_bias), "router_bias", DType::f32, device);
+    call.logits = device_view(logits, "logits", DType::f32, device);
+    call.form = call_form;
+    call.uniform_tokens = uniform_tokens;
+    if (!topk_idx.is_none()) call.topk_idx = device_view(nb::cast<Array>(topk_idx), "topk_idx", DType::i32, device);
+    const TensorView out = device_view(y, "y", DType::bf16, device);
+    TensorView stats;
+    if (!recv_stats.is_none()) stats = device_view(nb::cast<Array>(recv_stats), "recv_stats", DType::i64, device);
+    nb::gil_scoped_release release;
+    set_device(device);
+    streamed_mega_moe(b, call, weights.view, out, as_stream(stream), stats);
+  }
 };
 
 // ---- MX activations -------------------------------------------------------------------------------
@@ -783,6 +817,8 @@ NB_MODULE(_megamoe, m) {
       .def_rw("max_tokens_per_rank", &Problem::max_tokens_per_rank)
       .def_rw("recv_capacity", &Problem::recv_capacity)
       .def_rw("wave_tokens", &Problem::wave_tokens)
+      .def_rw("front_num_slots", &Problem::front_num_slots)
+      .def_rw("front_tokens_per_slot", &Problem::front_tokens_per_slot)
       .def_prop_ro("tokens_per_wave", [](const Problem& p) { return tokens_per_wave(p); })
       .def_prop_ro("waves_per_call", [](const Problem& p) { return waves_per_call(p); })
       .def_prop_ro("mean_recv_routes", [](const Problem& p) { return mean_recv_routes(p); })
@@ -798,12 +834,41 @@ NB_MODULE(_megamoe, m) {
         return BufferLayout::make(p).total_bytes;
       });
 
+  nb::class_<RouterConfig>(m, "RouterConfig",
+                           "The router before the layer (megamoe/router.h): softmax or DeepSeek's grouped sigmoid")
+      .def(nb::init<>())
+      .def_rw("num_experts", &RouterConfig::num_experts)
+      .def_rw("top_k", &RouterConfig::top_k)
+      .def_prop_rw(
+          "scoring",
+          [](const RouterConfig& r) { return std::string(r.scoring == RouterScoring::softmax ? "softmax" : "sigmoid"); },
+          [](RouterConfig& r, const std::string& name) {
+            require(name == "softmax" || name == "sigmoid", "scoring", "must be 'softmax' or 'sigmoid', got '", name,
+                    "'");
+            r.scoring = name == "softmax" ? RouterScoring::softmax : RouterScoring::sigmoid;
+          })
+      .def_rw("num_groups", &RouterConfig::num_groups)
+      .def_rw("topk_groups", &RouterConfig::topk_groups)
+      .def_rw("normalize", &RouterConfig::normalize)
+      .def_rw("routed_scaling", &RouterConfig::routed_scaling)
+      .def("validate", [](const RouterConfig& r) { validate(r); });
+  m.def("deepseek_v3_router", &deepseek_v3_router);
+  m.def("softmax_router", &softmax_router, "num_experts"_a, "top_k"_a, "normalize"_a = true);
   m.def("presets", [] {
     nb::list out;
     for (const Preset& preset : all_presets()) out.append(preset_dict(preset));
     return out;
   });
   m.def("kernel_activation_clamp", [](float c) { return kernel_activation_clamp(c, "activation_clamp"); }, "c"_a);
+  m.def(
+      "front_ring_shape",
+      [](int32_t max_tokens_per_rank, int32_t chunk_tokens) {
+        const FrontRingShape shape = front_ring_shape(max_tokens_per_rank, chunk_tokens);
+        return std::pair<int32_t, int32_t>(shape.num_slots, shape.tokens_per_slot);
+      },
+      "max_tokens_per_rank"_a, "chunk_tokens"_a,
+      "(front_num_slots, front_tokens_per_slot) of a streaming buffer's ring: two calls' worth of chunks of "
+      "chunk_tokens (0: one chunk per call)");
 
   nb::class_<PyCommunicator>(m, "Communicator", "One rank's communicator (NCCL or emulated)")
       .def_prop_ro("rank", [](const PyCommunicator& c) { return c.get().rank(); })
@@ -845,6 +910,15 @@ NB_MODULE(_megamoe, m) {
       .def("set_mx_staging", &PyBuffer::set_mx_staging, "x"_a, "x_sf"_a)
       .def("run_from_buffer", &PyBuffer::run_from_buffer, "kind"_a, "num_tokens"_a, "weights"_a, "y"_a, "stream"_a,
            "recv_stats"_a.none(), "activation_clamp"_a, "convert_mx"_a, "schedule"_a = "staged")
+      .def(
+          "call_form",
+          [](PyBuffer& b, int64_t uniform_tokens) {
+            return std::string(to_string(choose_call_form(b.get().problem(), uniform_tokens)));
+          },
+          "uniform_tokens"_a, "the form (streamed or batch) a streamed call with form automatic takes")
+      .def("run_streamed", &PyBuffer::run_streamed, "router"_a, "x"_a, "router_weight"_a, "router_bias"_a.none(),
+           "logits"_a, "weights"_a, "y"_a, "stream"_a, "recv_stats"_a.none(), "form"_a = "automatic",
+           "uniform_tokens"_a = 0, "topk_idx"_a.none() = nb::none())
       .def("run", &PyBuffer::run, "kind"_a, "num_tokens"_a, "x"_a, "x_scales"_a.none(), "topk_idx"_a,
            "topk_weights"_a, "weights"_a, "y"_a, "stream"_a, "recv_stats"_a.none(), "activation_clamp"_a,
            "schedule"_a = "staged");

@@ -156,3 +156,31 @@ def test_extension_argument_errors():
     with pytest.raises(ValueError, match="x: must be a CUDA tensor"):
         _megamoe.convert_mx_activations(np.zeros((2, 128), np.uint8), np.zeros((2, 4), np.uint8),
                                         np.zeros((2, 128), np.uint8), np.zeros((2, 1), np.float32), 0)
+
+
+def test_router_config():
+    deepseek = megamoe.deepseek_v3_router()
+    assert (deepseek.num_experts, deepseek.top_k, deepseek.scoring, deepseek.num_groups, deepseek.topk_groups) == \
+        (256, 8, "sigmoid", 8, 4)
+    deepseek.validate()
+    softmax = megamoe.softmax_router(128, 8)
+    assert (softmax.scoring, softmax.normalize, softmax.num_groups) == ("softmax", True, 1)
+    softmax.validate()
+    softmax.top_k = 129
+    with pytest.raises(ValueError, match="top_k"):
+        softmax.validate()
+    with pytest.raises(ValueError, match="scoring"):
+        softmax.scoring = "relu"
+    grouped = megamoe.softmax_router(8, 2)
+    grouped.num_groups = 2
+    with pytest.raises(ValueError, match="num_groups"):
+        grouped.validate()
+
+
+
+def test_front_ring_shape():
+    """A streaming buffer's ring (Buffer(streaming=True, chunk_tokens=...)): two calls' worth of chunks."""
+    assert _megamoe.front_ring_shape(8192, 0) == (2, 8192)
+    assert _megamoe.front_ring_shape(8192, 1024) == (16, 1024)
+    assert _megamoe.front_ring_shape(40, 16) == (6, 16)
+    assert _megamoe.front_ring_shape(40, 100) == (2, 40)

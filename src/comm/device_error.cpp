@@ -37,6 +37,7 @@ SiteWords site_words(const DeviceError& error) {
     case kWaitFusedL1Tile: return {"for the L1 outputs of routed token tile " + std::to_string(error.choice), "count"};
     case kWaitFusedSharedL1Tile:
       return {"for the L1 outputs of shared-expert token tile " + std::to_string(error.choice), "count"};
+    case kWaitFusedRoutes: return {"for this rank's route units (every source's routes read)", "count"};
     case kWaitFusedTileDone:
       return {"for math warpgroup " + std::to_string(error.detail) + " to hand over its next tile-done count",
               "count", false};
@@ -86,6 +87,27 @@ std::string describe(const DeviceError& error) {
       if (error.seen != 0) out << error.seen << " routes, more than its receive capacity " << error.expected;
       else out << "more routes than its receive capacity";
       out << " (Problem::recv_capacity): the call was refused on every rank and wrote no output";
+      break;
+    case kDeviceStreamedChunks: {
+      // expected and seen: a chunk's first token (high word) and its call's token count (low word).
+      const uint64_t seen_token = error.seen >> 32, seen_call = error.seen & 0xFFFFFFFFu;
+      const uint64_t want_token = error.expected >> 32, want_call = error.expected & 0xFFFFFFFFu;
+      out << "a streamed call read rank " << error.peer << "'s front-ring chunk " << error.detail
+          << " as starting at token " << seen_token << " of a call of " << seen_call << " tokens, where ";
+      if (error.choice == 1) {
+        out << "a call holds at most " << want_call << " tokens (max_tokens_per_rank)";
+      } else if (error.choice == 2) {
+        out << "its token count in the slot or its last-chunk flag disagrees with that";
+      } else {
+        out << "the call puts it at token " << want_token << " of " << want_call;
+      }
+      out << ": the ring's sequence numbers are out of step (make a new buffer; with one rank, check_device_error "
+             "resets it)";
+      break;
+    }
+    case kDeviceStreamedTokens:
+      out << "a streamed call of " << error.expected << " tokens found " << error.seen
+          << " in this rank's front ring: inputs.num_tokens must be the producers' token count";
       break;
     default:
       out << "unknown device error code " << error.code << " (site " << error.site << ", peer " << error.peer

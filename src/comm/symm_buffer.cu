@@ -4,6 +4,7 @@
 #include <nccl.h>
 #include <nccl_device.h>
 
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -210,14 +211,18 @@ SymmBuffer::~SymmBuffer() {
 void SymmBuffer::check_device_error(cudaStream_t stream) {
   MEGAMOE_CHECK_CUDA(cudaStreamSynchronize(stream));
   ControlBlock* control = layout_.control_block(view_.local());
-  DeviceError error{};
-  MEGAMOE_CHECK_CUDA(cudaMemcpyAsync(&error, &control->error, sizeof(error), cudaMemcpyDeviceToHost, stream));
+  static_assert(offsetof(ControlBlock, input_error) == offsetof(ControlBlock, error) + sizeof(DeviceError),
+                "the two records are read in one copy");
+  DeviceError records[2]{};  // the call-breaking error, the input error
+  MEGAMOE_CHECK_CUDA(cudaMemcpyAsync(records, &control->error, sizeof(records), cudaMemcpyDeviceToHost, stream));
   MEGAMOE_CHECK_CUDA(cudaStreamSynchronize(stream));
-  if (error.code == kDeviceOk) return;
-  // Clear the record, and the counts that blocks which gave up may have left: the grid barrier's
+  const DeviceError& broke = records[0];
+  const DeviceError& input = records[1];
+  if (broke.code == kDeviceOk && input.code == kDeviceOk) return;
+  // Clear the records, and the counts that blocks which gave up may have left: the grid barrier's
   // arrivals, finished blocks, the dispatch's per-expert send counts (after ControlBlock), and the
   // GEMM's split-K arrivals (the whole split workspace, which holds nothing else worth keeping).
-  MEGAMOE_CHECK_CUDA(cudaMemsetAsync(&control->error, 0, sizeof(DeviceError), stream));
+  MEGAMOE_CHECK_CUDA(cudaMemsetAsync(&control->error, 0, sizeof(records), stream));
   MEGAMOE_CHECK_CUDA(cudaMemsetAsync(&control->grid_barrier_count, 0, sizeof(control->grid_barrier_count), stream));
   MEGAMOE_CHECK_CUDA(cudaMemsetAsync(&control->finished_blocks, 0, sizeof(control->finished_blocks), stream));
   MEGAMOE_CHECK_CUDA(
@@ -225,11 +230,19 @@ void SymmBuffer::check_device_error(cudaStream_t stream) {
   MEGAMOE_CHECK_CUDA(cudaMemsetAsync(layout_.send_count(view_.local()), 0,
                                      layout_.control.bytes - sizeof(ControlBlock), stream));
   MEGAMOE_CHECK_CUDA(cudaMemsetAsync(view_.local() + layout_.gemm_split.offset, 0, layout_.gemm_split.bytes, stream));
-  // A front ring's words no longer agree with its peers' after an error: back to its initial state
-  // (docs/streaming.md, "Failures and reset").
-  MEGAMOE_CHECK_CUDA(cudaMemsetAsync(view_.local() + layout_.front_ring.offset, 0, layout_.front_ring.bytes, stream));
+  // After an error that broke the call, a front ring's words no longer agree with its peers': back to
+  // its initial state, which is all there is to it with one rank (with several, a new buffer:
+  // docs/streaming.md, "Failures and reset"). After an input error alone every rank's call ran to its
+  // end, so the ring is in step with its peers' and stays as it is.
+  if (broke.code != kDeviceOk) {
+    MEGAMOE_CHECK_CUDA(
+        cudaMemsetAsync(view_.local() + layout_.front_ring.offset, 0, layout_.front_ring.bytes, stream));
+    front_calls_ = {};
+  }
   MEGAMOE_CHECK_CUDA(cudaStreamSynchronize(stream));
-  throw DeviceFailure(describe(error));
+  if (broke.code == kDeviceOk) throw DeviceFailure(describe(input));
+  if (input.code == kDeviceOk) throw DeviceFailure(describe(broke));
+  throw DeviceFailure(describe(broke) + "; before it, an input error: " + describe(input));
 }
 
 }  // namespace megamoe

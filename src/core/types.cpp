@@ -1,25 +1,34 @@
 #include "megamoe/types.h"
 
-namespace megamoe {
+#include <initializer_list>
 
-bool parse_recipe(std::string_view text, Recipe& recipe) {
-  for (Recipe candidate : {Recipe::fp8, Recipe::fp8_fp4, Recipe::bf16}) {
+namespace megamoe {
+namespace {
+
+// The candidate whose to_string is `text`, into `value`; false (value unchanged) when none is.
+template <typename T>
+bool parse_name(std::string_view text, std::initializer_list<T> candidates, T& value) {
+  for (const T candidate : candidates) {
     if (text == to_string(candidate)) {
-      recipe = candidate;
+      value = candidate;
       return true;
     }
   }
   return false;
 }
 
+}  // namespace
+
+bool parse_recipe(std::string_view text, Recipe& recipe) {
+  return parse_name(text, {Recipe::fp8, Recipe::fp8_fp4, Recipe::bf16}, recipe);
+}
+
 bool parse_schedule(std::string_view text, Schedule& schedule) {
-  for (Schedule candidate : {Schedule::staged, Schedule::fused}) {
-    if (text == to_string(candidate)) {
-      schedule = candidate;
-      return true;
-    }
-  }
-  return false;
+  return parse_name(text, {Schedule::staged, Schedule::fused}, schedule);
+}
+
+bool parse_call_form(std::string_view text, CallForm& form) {
+  return parse_name(text, {CallForm::automatic, CallForm::streamed, CallForm::batch}, form);
 }
 
 }  // namespace megamoe

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "comm/rank_barrier.h"
 #include "kernels/combine/combine_kernel.cuh"
@@ -13,9 +14,13 @@
 #include "kernels/fused/fused.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/overlapped_launch.cuh"
+#include "kernels/producers/producer_checks.h"
+#include "kernels/producers/streamed_producers.h"
 #include "megamoe/activation.h"
 #include "megamoe/error.h"
 #include "megamoe/layer.h"
+#include "megamoe/producers.h"
+#include "megamoe/router.h"
 
 namespace megamoe {
 namespace {
@@ -49,18 +54,35 @@ void check_weights(const Problem& p, const LayerWeights& w) {
   check_linear(p.recipe, w.shared.w2, "weights.shared.w2", 1, h, si);
 }
 
-void check_inputs(const Problem& p, const LayerInputs& in, const TensorView& y, const TensorView& recv_stats) {
+void check_inputs(const Problem& p, const LayerInputs& in, const TensorView& y, const TensorView& recv_stats,
+                  bool streamed) {
   require(in.num_tokens >= 0 && in.num_tokens <= p.max_tokens_per_rank, "inputs.num_tokens", "must be in [0, ",
           p.max_tokens_per_rank, "] (the buffer's max_tokens_per_rank), got ", in.num_tokens);
   const int64_t t = in.num_tokens;
+  check_tensor(y, "y", DType::bf16, {t, p.hidden}, Device::cuda);
+  if (!recv_stats.empty())
+    check_tensor(recv_stats, "recv_stats", DType::i64, {p.experts_per_rank()}, Device::cuda);
+  if (streamed) {
+    const std::pair<const TensorView*, const char*> given[] = {{&in.x, "inputs.x"},
+                                                               {&in.x_scales, "inputs.x_scales"},
+                                                               {&in.topk_idx, "inputs.topk_idx"},
+                                                               {&in.topk_weights, "inputs.topk_weights"}};
+    for (const auto& [tensor, name] : given)
+      require(tensor->empty(), name, "must be empty in a streamed call (options.streamed): its inputs are the front "
+              "ring's, as the producers published them");
+    require(p.front_num_slots > 0, "options.streamed", "needs a buffer with a front ring (Problem::front_num_slots > 0)");
+    // A rule on the buffer, not on this call's tokens, so that no rank's call can be refused while
+    // the others' go ahead. (The ring holds a call: Problem's rule.)
+    require(tokens_per_wave(p) >= p.max_tokens_per_rank, "options.streamed",
+            "reads a call in one wave: the buffer's wave (", tokens_per_wave(p),
+            " tokens, Problem::wave_tokens) must hold max_tokens_per_rank (", p.max_tokens_per_rank, ")");
+    return;
+  }
   check_tensor(in.x, "inputs.x", activation_dtype(p.recipe), {t, p.hidden}, Device::cuda);
   if (p.recipe != Recipe::bf16)
     check_tensor(in.x_scales, "inputs.x_scales", DType::f32, {t, p.hidden / 128}, Device::cuda);
   check_tensor(in.topk_idx, "inputs.topk_idx", DType::i32, {t, p.top_k}, Device::cuda);
   check_tensor(in.topk_weights, "inputs.topk_weights", DType::f32, {t, p.top_k}, Device::cuda);
-  check_tensor(y, "y", DType::bf16, {t, p.hidden}, Device::cuda);
-  if (!recv_stats.empty())
-    check_tensor(recv_stats, "recv_stats", DType::i64, {p.experts_per_rank()}, Device::cuda);
 }
 
 // A copy of `source` into the buffer region at `destination`, unless the caller already wrote it there.
@@ -122,7 +144,7 @@ struct CallPlan {
   char* local;
   SymmView view;
   dispatch::DispatchArgs dispatch;
-  dispatch::StagedInputs staged;
+  dispatch::StagedInputs staged{};  // nothing to copy unless set
   combine::CombineArgs combine;
   uint32_t tokens;
   uint32_t expected_rows;  // per local expert, assuming every rank routes like this one (tile choice only)
@@ -132,16 +154,25 @@ struct CallPlan {
   int grid;
   float clamp;  // before SwiGLU (megamoe/activation.h)
 
-  // `in`: one wave, whose first token is the call's token `first_token`.
+  // `in`: one wave, whose first token is the call's token `first_token`. `streamed`: the inputs are
+  // the front ring's (CallOptions::streamed; `in` holds only the token count).
   CallPlan(SymmBuffer& buffer, const LayerInputs& in, const TensorView& y, const TensorView& recv_stats,
-           int64_t first_token = 0)
+           int64_t first_token = 0, bool streamed = false)
       : p(buffer.problem()), l(buffer.layout()), local(buffer.local()), view(buffer.view()) {
     dispatch = {view, l, p, in.num_tokens, in.topk_idx.as<int32_t>(),
-                recv_stats.empty() ? nullptr : recv_stats.as<int64_t>(), static_cast<uint32_t>(first_token)};
-    staged = {{staged_copy(in.x, local + l.x.offset),
-               p.recipe != Recipe::bf16 ? staged_copy(in.x_scales, local + l.x_scales.offset) : dispatch::StagedCopy{},
-               staged_copy(in.topk_weights, local + l.topk_weights.offset)}};
-    combine = {l.control_block(local), p.rank, BufferLayout::at<uint16_t>(local, l.combine), in.topk_idx.as<int32_t>(),
+                recv_stats.empty() ? nullptr : recv_stats.as<int64_t>(), static_cast<uint32_t>(first_token),
+                streamed, streamed ? FrontRingLayout::make(p) : FrontRingLayout{}};
+    // A streamed call copies nothing: peers read the ring, and this rank's shared experts read its rows
+    // and scales from the buffer's regions, where the layout producer also wrote them.
+    if (!streamed) {
+      staged = {{staged_copy(in.x, local + l.x.offset),
+                 p.recipe != Recipe::bf16 ? staged_copy(in.x_scales, local + l.x_scales.offset)
+                                          : dispatch::StagedCopy{},
+                 staged_copy(in.topk_weights, local + l.topk_weights.offset)}};
+    }
+    // A streamed call's own route unit copies this rank's ids to the topk_idx region for the combine.
+    const int32_t* own_ids = streamed ? BufferLayout::at<int32_t>(local, l.topk_idx) : in.topk_idx.as<int32_t>();
+    combine = {l.control_block(local), p.rank, BufferLayout::at<uint16_t>(local, l.combine), own_ids,
                y.as<uint16_t>(), in.num_tokens, p.top_k, p.num_experts, p.hidden, p.num_shared_experts > 0};
     tokens = static_cast<uint32_t>(in.num_tokens);
     expected_rows = static_cast<uint32_t>(std::max<int64_t>(
@@ -224,8 +255,11 @@ void run_staged(SymmBuffer& buffer, const CallPlan& c, const LayerWeights& w, cu
   if (c.tokens > 0) launch("combine launch", combine::combine_kernel, c.grid, kCombineThreads, 0, c.combine);
 }
 
-// The fused schedule: one persistent launch (kernels/fused), all four GEMMs in the routed tile shape.
-void run_fused(const CallPlan& c, const LayerWeights& w, const CallOptions& options, cudaStream_t stream) {
+// The fused schedule: one persistent launch (kernels/fused), all four GEMMs in the routed tile shape;
+// its arguments for fused::launch or fused::prepare. ring_synchronized: launched right after this
+// call's front-ring producers (streamed_mega_moe).
+fused::FusedLaunch fused_launch(const CallPlan& c, const LayerWeights& w, const CallOptions& options,
+                                bool ring_synchronized = false) {
   const Problem& p = c.p;
   require(static_cast<uint32_t>(p.num_experts) <= fused::kMaxExperts &&
               static_cast<uint64_t>(c.l.experts_per_rank) * p.num_ranks <= fused::kMaxSegments &&
@@ -251,6 +285,7 @@ void run_fused(const CallPlan& c, const LayerWeights& w, const CallOptions& opti
                                   c.routed_tile.layout == gemm::TileLayout::tokens_on_m,
                                   static_cast<uint32_t>(p.hidden) / 8});
   f.overlapped_launch = c.overlap;
+  f.ring_synchronized = ring_synchronized;
   if (!options.trace.empty()) {
     require(fused::kFusedTrace, "options.trace",
             "this build logs no events: configure it with -DMEGAMOE_FUSED_TRACE=ON (its fused kernels run slower)");
@@ -261,7 +296,10 @@ void run_fused(const CallPlan& c, const LayerWeights& w, const CallOptions& opti
             "must start on an 8-byte boundary");
     f.trace = options.trace.as<FusedTraceEvent>();
   }
-  fused::launch(f, c.grid, stream);
+  return f;
+}
+void run_fused(const CallPlan& c, const LayerWeights& w, const CallOptions& options, cudaStream_t stream) {
+  fused::launch(fused_launch(c, w, options), c.grid, stream);
 }
 
 // Rows [begin, begin + count) of a tensor whose rows are tokens (checked contiguous).
@@ -273,16 +311,37 @@ TensorView token_rows(const TensorView& whole, int64_t begin, int64_t count) {
   return part;
 }
 
+// A streamed layer call reads the chunks this rank's producers published since its previous one:
+// refused where, with `launching` calls of each producer still to come, they would be more than one
+// call ahead of it (a layer call refused after its producers ran): it would read an older call's
+// chunks, every call from then on one call late.
+void check_front_calls(SymmBuffer& buffer, uint64_t launching, const char* name) {
+  const SymmBuffer::FrontCalls& calls = buffer.front_calls();
+  require(calls.route + launching <= calls.layer + 1 && calls.layout + launching <= calls.layer + 1, name,
+          "reads the call this rank's producers published last, but the front ring holds more than one it has not "
+          "read (route_tokens ", calls.route + launching, " and quantize_activations ", calls.layout + launching,
+          " calls, streamed layer calls ", calls.layer, "): a streamed layer call was refused or left out after its "
+          "producers; make a new buffer");
+}
+
 // A call runs as waves_per_call(problem) waves, each a whole call over the next tokens_per_wave()
 // tokens of every rank (layout.h: the buffer holds one wave). Every rank runs every wave, empty ones
 // too, so the ranks agree on the waves without telling each other their token counts.
 void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w, const TensorView& y,
                cudaStream_t stream, const TensorView& recv_stats, const CallOptions& options) {
   const Problem& p = buffer.problem();
-  check_inputs(p, in, y, recv_stats);
+  check_inputs(p, in, y, recv_stats, options.streamed);
   check_weights(p, w);
   require(options.trace.empty() || options.schedule == Schedule::fused, "options.trace",
           "is the fused schedule's event log; the staged schedule takes none");
+  require(!options.streamed || options.schedule == Schedule::fused, "options.streamed",
+          "runs in the fused schedule only (options.schedule = Schedule::fused)");
+  if (options.streamed) {  // one wave (check_inputs)
+    check_front_calls(buffer, 0, "options.streamed");
+    run_fused(CallPlan(buffer, in, y, recv_stats, 0, true), w, options, stream);
+    ++buffer.front_calls().layer;
+    return;
+  }
   const int64_t wave_tokens = tokens_per_wave(p);
   const int32_t waves = waves_per_call(p);
   for (int32_t wave = 0; wave < waves; ++wave) {
@@ -312,6 +371,90 @@ bool fused_trace_compiled() { return fused::kFusedTrace; }
 int64_t fused_trace_bytes(const SymmBuffer& buffer) {
   return int64_t{std::max(1, buffer.comm().sm_budget())} * kFusedTraceEventsPerCta *
          static_cast<int64_t>(sizeof(FusedTraceEvent));
+}
+
+CallForm choose_call_form(const Problem& p, int64_t uniform_tokens) {
+  require(uniform_tokens >= 0 && uniform_tokens <= p.max_tokens_per_rank, "uniform_tokens", "must be in [0, ",
+          p.max_tokens_per_rank, "] (the problem's max_tokens_per_rank; 0 means that), got ", uniform_tokens);
+  const int64_t tokens = uniform_tokens > 0 ? uniform_tokens : p.max_tokens_per_rank;
+  return tokens <= kStreamedCallsUpToTokens ? CallForm::streamed : CallForm::batch;
+}
+
+void streamed_mega_moe(SymmBuffer& buffer, const StreamedCall& call, const LayerWeights& weights, const TensorView& y,
+                       cudaStream_t stream, const TensorView& recv_stats) {
+  const Problem& p = buffer.problem();
+  // Every check before the first launch: producers that published a call the layer then refused (or
+  // one half without the other) would leave the ring's sequences out of step.
+  require(call.router != nullptr, "call.router", "is required");
+  const RouterConfig& router = *call.router;
+  try {
+    validate(router);
+  } catch (const Error& e) {  // its fields as this call names them
+    throw Error(std::string("call.router.") + e.what());
+  }
+  require(router.num_experts == p.num_experts && router.top_k == p.top_k, "call.router", "routes to ",
+          router.num_experts, " experts, top-", router.top_k, "; the buffer's problem has ", p.num_experts, ", top-",
+          p.top_k);
+  require(router.num_experts <= kMaxRouterExperts && router.num_groups <= kMaxRouterGroups, "call.router",
+          "runs on the device with at most ", kMaxRouterExperts, " experts in at most ", kMaxRouterGroups,
+          " groups; got ", router.num_experts, " in ", router.num_groups);
+  require(call.x.ndim == 2, "call.x", "must be [num_tokens, hidden], got ", call.x.ndim, " dimensions");
+  const int64_t t = call.x.shape[0];
+  check_tensor(call.x, "call.x", DType::bf16, {t, p.hidden}, Device::cuda);
+  check_tensor(call.router_weight, "call.router_weight", DType::bf16, {p.num_experts, p.hidden}, Device::cuda);
+  check_tensor(call.logits, "call.logits", DType::f32, {t, p.num_experts}, Device::cuda);
+  require(call.router_bias.empty() || router.scoring == RouterScoring::sigmoid, "call.router_bias",
+          "corrects the sigmoid router's choice only; softmax scoring takes none");
+  if (!call.router_bias.empty())
+    check_tensor(call.router_bias, "call.router_bias", DType::f32, {p.num_experts}, Device::cuda);
+  require(call.uniform_tokens == 0 || (call.uniform_tokens >= t && call.uniform_tokens <= p.max_tokens_per_rank),
+          "call.uniform_tokens", "is 0 or the most tokens any rank has in this call: at least this rank's ", t,
+          ", at most max_tokens_per_rank (", p.max_tokens_per_rank, "); got ", call.uniform_tokens);
+  require(t <= p.max_tokens_per_rank, "call.x", "holds ", t, " tokens, more than the buffer's max_tokens_per_rank (",
+          p.max_tokens_per_rank, ")");
+  // Rules on the buffer and the form, not on this call's tokens, so that no rank's call is refused
+  // while the others' go ahead, whichever form automatic picks.
+  require(call.form == CallForm::batch || p.front_num_slots > 0, "buffer", "has no front ring, which form ",
+          to_string(call.form), " needs (Problem::front_num_slots > 0; in Python, Buffer(streaming=True))");
+  require(tokens_per_wave(p) >= p.max_tokens_per_rank, "buffer", "runs a streamed_mega_moe call in one wave: its wave (",
+          tokens_per_wave(p), " tokens, Problem::wave_tokens) must hold max_tokens_per_rank (", p.max_tokens_per_rank,
+          ")");
+  if (call.form != CallForm::streamed)  // automatic may pick batch for other tokens: required alike
+    check_tensor(call.topk_idx, "call.topk_idx", DType::i32, {t, p.top_k}, Device::cuda);
+  const CallForm form = call.form == CallForm::automatic ? choose_call_form(p, call.uniform_tokens) : call.form;
+  LayerInputs in;
+  in.num_tokens = static_cast<int32_t>(t);
+  detail::check_router_logits(call.x, call.router_weight, call.logits);
+  if (form == CallForm::batch) {
+    // The producers write the layer's inputs where the layer reads them (no copies; bf16 x is copied
+    // in by the layer).
+    in = buffer_input_views(buffer, in.num_tokens, call.topk_idx);
+    if (p.recipe == Recipe::bf16) in.x = call.x;
+    check_inputs(p, in, y, recv_stats, false);
+    check_weights(p, weights);
+    detail::check_route_arguments(router, call.logits, call.router_bias);
+    if (p.recipe != Recipe::bf16) quantize_activations(call.x, in.x, in.x_scales, stream);
+    router_logits(call.x, call.router_weight, call.logits, stream);
+    route_tokens(router, call.logits, call.router_bias, in.topk_idx, in.topk_weights, stream);
+    run_layer(buffer, in, weights, y, stream, recv_stats, CallOptions(Schedule::fused));
+    return;
+  }
+  CallOptions options(Schedule::fused);
+  options.streamed = true;
+  check_inputs(p, in, y, recv_stats, true);
+  check_weights(p, weights);
+  const CallPlan plan(buffer, in, y, recv_stats, 0, true);
+  // What the producers check of their arguments (the above in their terms), and the layer's launch
+  // made ready, before any of them is launched.
+  detail::check_route_arguments(router, call.logits, call.router_bias);
+  const fused::PreparedLaunch layer = fused::prepare(fused_launch(plan, weights, options, true), plan.grid);
+  check_front_calls(buffer, 1, "buffer");
+  // The quantization first, then the router beside it (streamed_producers.h), then the layer.
+  quantize_activations(call.x, buffer, stream);
+  detail::router_logits(call.x, call.router_weight, call.logits, stream, true);
+  detail::route_tokens(*call.router, call.logits, call.router_bias, buffer, stream, true);
+  layer(stream);
+  ++buffer.front_calls().layer;
 }
 
 void detail::expert_gemms(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights,

@@ -76,12 +76,41 @@ TEST(BenchFlags, MistakesNameTheirFlag) {
   expect_names({"--preset", "tiny", "--out", "layer.json", "--trace", "/no/such/directory"}, "--trace");
   expect_names({"--preset", "tiny", "--out", "layer.json", "--inputs", "pinned"}, "--inputs");
   expect_names({"--preset", "tiny", "--out", "layer.json", "--producers", "yes"}, "--producers");
+  expect_names({"--preset", "tiny", "--out", "layer.json", "--streaming", "yes"}, "--streaming");
+  expect_names({"--preset", "tiny", "--out", "layer.json", "--streaming", "on", "--schedule", "staged"}, "--streaming");
 }
 
 TEST(BenchFlags, ProducersAreTimedOnlyWhenAsked) {
   EXPECT_FALSE(parse_bench({"--preset", "tiny", "--out", "layer.json"}).producers);
   EXPECT_FALSE(parse_bench({"--preset", "tiny", "--out", "layer.json", "--producers", "off"}).producers);
   EXPECT_TRUE(parse_bench({"--preset", "tiny", "--out", "layer.json", "--producers", "on"}).producers);
+}
+
+TEST(BenchFlags, StreamingTimesTheProducersAndGivesTheBufferARing) {
+  const BenchOptions off = parse_bench({"--preset", "tiny", "--out", "layer.json"});
+  EXPECT_FALSE(off.streaming);
+  EXPECT_EQ(off.problem.front_num_slots, 0);
+  const BenchOptions on =
+      parse_bench({"--preset", "tiny", "--out", "layer.json", "--tokens", "1,300", "--streaming", "on"});
+  EXPECT_TRUE(on.streaming);
+  EXPECT_TRUE(on.producers);
+  EXPECT_EQ(on.problem.front_num_slots, 2);  // a whole call per slot: one chunk per rank and call
+  EXPECT_EQ(on.problem.front_tokens_per_slot, 300);
+  const BenchOptions chunked = parse_bench(
+      {"--preset", "tiny", "--out", "layer.json", "--tokens", "1,300", "--streaming", "on", "--chunk-tokens", "64"});
+  EXPECT_EQ(chunked.chunk_tokens, 64);
+  EXPECT_EQ(chunked.problem.front_num_slots, 10);  // two calls of five chunks, the last of 44 tokens
+  EXPECT_EQ(chunked.problem.front_tokens_per_slot, 64);
+  expect_names({"--preset", "tiny", "--out", "layer.json", "--chunk-tokens", "64"}, "--chunk-tokens");
+  expect_names({"--preset", "tiny", "--out", "layer.json", "--streaming", "on", "--chunk-tokens", "0"},
+               "--chunk-tokens");
+  expect_names({"--preset", "tiny", "--out", "layer.json", "--streaming", "on", "--producers", "off"}, "--streaming");
+  expect_names({"--preset", "tiny", "--out", "layer.json", "--streaming", "on", "--inputs", "buffer"}, "--streaming");
+  // A streamed call is one wave: the buffer holds the largest call, also where the default would cut
+  // it in waves (DeepSeek-V3, 8 ranks x 8192 tokens: four by default).
+  const BenchOptions large = parse_bench(
+      {"--preset", "deepseek-v3", "--ranks", "8", "--tokens", "8192", "--streaming", "on", "--out", "l.json"});
+  EXPECT_EQ(large.problem.wave_tokens, 8192);
 }
 
 TEST(BenchFlags, InputsAreCopiedUnlessToldBuffer) {

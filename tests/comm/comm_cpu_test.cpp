@@ -87,9 +87,54 @@ TEST(DescribeDeviceError, OtherCodes) {
   EXPECT_EQ(describe(refused),
             "rank 0, block 0, thread 0: rank 1 received more routes than its receive capacity "
             "(Problem::recv_capacity): the call was refused on every rank and wrote no output");
+  DeviceError chunks{};
+  chunks.code = kDeviceStreamedChunks;
+  chunks.peer = 3;
+  chunks.detail = 2;
+  chunks.seen = uint64_t{16} << 32 | 33;
+  chunks.expected = uint64_t{32} << 32 | 40;
+  EXPECT_EQ(describe(chunks),
+            "rank 0, block 0, thread 0: a streamed call read rank 3's front-ring chunk 2 as starting at token 16 of "
+            "a call of 33 tokens, where the call puts it at token 32 of 40: the ring's sequence numbers are out of "
+            "step (make a new buffer; with one rank, check_device_error resets it)");
+  chunks.detail = 0;
+  chunks.seen = 5000;
+  chunks.expected = 4096;
+  chunks.choice = 1;
+  EXPECT_EQ(describe(chunks),
+            "rank 0, block 0, thread 0: a streamed call read rank 3's front-ring chunk 0 as starting at token 0 of "
+            "a call of 5000 tokens, where a call holds at most 4096 tokens (max_tokens_per_rank): the ring's "
+            "sequence numbers are out of step (make a new buffer; with one rank, check_device_error resets it)");
+  chunks.detail = 1;
+  chunks.seen = chunks.expected = uint64_t{16} << 32 | 40;
+  chunks.choice = 2;
+  EXPECT_EQ(describe(chunks),
+            "rank 0, block 0, thread 0: a streamed call read rank 3's front-ring chunk 1 as starting at token 16 of "
+            "a call of 40 tokens, where its token count in the slot or its last-chunk flag disagrees with that: the "
+            "ring's sequence numbers are out of step (make a new buffer; with one rank, check_device_error resets "
+            "it)");
+  DeviceError tokens{};
+  tokens.code = kDeviceStreamedTokens;
+  tokens.expected = 17;
+  tokens.seen = 16;
+  EXPECT_EQ(describe(tokens),
+            "rank 0, block 0, thread 0: a streamed call of 17 tokens found 16 in this rank's front ring: "
+            "inputs.num_tokens must be the producers' token count");
+  EXPECT_EQ(describe(timeout_at(kWaitFusedRoutes, 1, 4, 3)),
+            "rank 1, block 0, thread 0: timed out after 5000 ms waiting for this rank's route units (every "
+            "source's routes read) (expected count 4, saw 3)");
   DeviceError unknown{};
   unknown.code = 77;
   EXPECT_NE(describe(unknown).find("unknown device error code 77"), std::string::npos);
+}
+
+// What stops a rank's waits and makes check_device_error reset the front ring: errors that leave the
+// call's protocol incomplete (recorded in ControlBlock::error), not input errors (input_error).
+TEST(DeviceErrorCodes, WhatBreaksACall) {
+  for (const uint32_t code : {kDeviceTimeout, kDeviceStreamedChunks, kDeviceStreamedTokens})
+    EXPECT_TRUE(breaks_call(code)) << code;
+  for (const uint32_t code : {kDeviceOk, kDeviceBadExpertId, kDeviceSlotOverflow, kDeviceCapacityExceeded})
+    EXPECT_FALSE(breaks_call(code)) << code;
 }
 
 TEST(DefaultTimeout, FiveSecondsUnlessTheEnvironmentSaysOtherwise) {

@@ -390,12 +390,13 @@ TEST(BufferLayout, DeepSeekV3HandComputedSizes) {
   EXPECT_EQ(l.gemm_split.offset, 584791 * kPage);
   EXPECT_EQ(l.gemm_split.bytes, 4096u + 132u * 16384u);
   // fused_counters: 128 experts + (131328 / 16 + 128) routed token tiles + 8192 / 16 shared token
-  // tiles = 8976 u32 = 35904 bytes = 8.77 pages.
+  // tiles + the streamed route counters (1 + 2 ranks x (2 + 128 experts)) = 9237 u32 = 36948 bytes
+  // = 9.02 pages.
   EXPECT_EQ(l.max_routed_token_tiles, 8336u);
   EXPECT_EQ(l.max_shared_token_tiles, 512u);
   EXPECT_EQ(l.fused_counters.offset, 585320 * kPage);
-  EXPECT_EQ(l.fused_counters.bytes, 35904u);
-  EXPECT_EQ(l.total_bytes, 585329 * kPage);  // 2397507584 bytes, about 2.23 GiB
+  EXPECT_EQ(l.fused_counters.bytes, 36948u);
+  EXPECT_EQ(l.total_bytes, 585330 * kPage);  // 2397511680 bytes, about 2.23 GiB
 }
 
 TEST(BufferLayout, Bf16HasNoScaleRegions) {
@@ -503,7 +504,12 @@ TEST(BufferLayout, AccessorsStayInsideTheirRegions) {
     EXPECT_EQ(offset_of(fused.rows_pulled), l.fused_counters.offset);
     EXPECT_EQ(fused.l1_done - fused.rows_pulled, l.experts_per_rank);
     EXPECT_EQ(fused.shared_l1_done - fused.l1_done, l.max_routed_token_tiles);
-    EXPECT_EQ(offset_of(fused.shared_l1_done + l.max_shared_token_tiles), l.fused_counters.end());
+    const StreamedRouteCounters routes = l.streamed_routes(base, ranks);
+    EXPECT_EQ(routes.sources_done - fused.shared_l1_done, l.max_shared_token_tiles);
+    EXPECT_EQ(routes.parts_done - routes.sources_done, 1);
+    EXPECT_EQ(routes.chunks - routes.parts_done, ranks);
+    EXPECT_EQ(routes.cursors - routes.chunks, ranks);
+    EXPECT_EQ(offset_of(routes.cursors + l.experts_per_rank * ranks), l.fused_counters.end());
 
     // The regions cover the whole allocation once: their ends never pass total_bytes.
     EXPECT_LE(l.fused_counters.end(), l.total_bytes);

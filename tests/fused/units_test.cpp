@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 namespace megamoe::fused {
@@ -12,26 +13,95 @@ namespace {
 TEST(FusedUnits, ClassifyWalksTheKindsInClaimOrder) {
   UnitPlan plan;
   plan.send_units = 3;
+  const uint32_t route_units = 2;
   plan.shared_l1_units = 2;
   plan.pull_units = 4;
   plan.shared_l2_units = 1;
   plan.combine_units = 2;
   const RoutedUnits routed{5, 6};
-  const std::vector<UnitKind> kinds = {UnitKind::send, UnitKind::pull, UnitKind::shared_l1, UnitKind::routed_l1,
-                                       UnitKind::shared_l2, UnitKind::routed_l2, UnitKind::combine};
-  const std::vector<uint32_t> counts = {3, 4, 2, 5, 1, 6, 2};
+  const std::vector<UnitKind> kinds = {UnitKind::send,      UnitKind::route,     UnitKind::pull,
+                                       UnitKind::shared_l1, UnitKind::routed_l1, UnitKind::shared_l2,
+                                       UnitKind::routed_l2, UnitKind::combine};
+  const std::vector<uint32_t> counts = {3, 2, 4, 2, 5, 1, 6, 2};
   uint32_t unit = 0;
   for (size_t k = 0; k < kinds.size(); ++k) {
     for (uint32_t i = 0; i < counts[k]; ++i, ++unit) {
-      const UnitRef ref = classify(plan, routed, unit);
+      const UnitRef ref = classify<true>(plan, routed, unit, route_units);
       EXPECT_EQ(ref.kind, kinds[k]) << "unit " << unit;
       EXPECT_EQ(ref.index, i) << "unit " << unit;
     }
   }
-  EXPECT_EQ(unit, total_units(plan, routed));
+  EXPECT_EQ(unit, total_units<true>(plan, routed, route_units));
+  EXPECT_EQ(first_routed_unit<true>(plan, route_units), 11u);
+  EXPECT_EQ(classify<true>(plan, routed, unit, route_units).kind, UnitKind::none);
+  EXPECT_EQ(classify<true>(plan, routed, unit + 100, route_units).kind, UnitKind::none);
+  // A batch call's kernel has no route units.
   EXPECT_EQ(first_routed_unit(plan), 9u);
-  EXPECT_EQ(classify(plan, routed, unit).kind, UnitKind::none);
-  EXPECT_EQ(classify(plan, routed, unit + 100).kind, UnitKind::none);
+  EXPECT_EQ(classify(plan, routed, 3).kind, UnitKind::pull);
+}
+
+// A streamed call's route parts: at least kRoutesPerRoutePart routes each, at most kMaxRouteParts per
+// source; every route of a chunk falls to exactly one of the parts with routes, and a chunk without
+// routes still has its one part (it publishes the zero counts).
+TEST(FusedUnits, RoutePartsCoverEachChunkOnce) {
+  EXPECT_EQ(route_parts(0).parts, 1u);
+  EXPECT_EQ(route_parts(8).parts, 1u);  // one token, top-8
+  EXPECT_EQ(route_parts(160).parts, 2u);
+  EXPECT_EQ(route_parts(8192 * 8).parts, kMaxRouteParts);
+  for (const uint32_t max_routes : {1u, 8u, 127u, 128u, 129u, 160u, 320u, 4096u, 65536u, 65537u}) {
+    const RouteParts plan = route_parts(max_routes);
+    EXPECT_GE(plan.parts, 1u);
+    EXPECT_LE(plan.parts, kMaxRouteParts);
+    EXPECT_GE(uint64_t{plan.parts} * plan.routes_per_part, max_routes) << max_routes;
+    for (const uint32_t routes : {0u, 1u, max_routes / 2, max_routes}) {
+      const uint32_t used = plan.with_routes(routes);
+      EXPECT_GE(used, 1u);
+      EXPECT_LE(used, plan.parts) << max_routes << " " << routes;
+      std::vector<uint32_t> covered(routes, 0);
+      for (uint32_t part = 0; part < used; ++part) {
+        const UnitRange mine = unit_range(part, plan.routes_per_part, routes);
+        EXPECT_TRUE(part == 0 || mine.begin < mine.end) << "part " << part << " of " << routes << " routes is empty";
+        for (uint32_t r = mine.begin; r < mine.end; ++r) ++covered[r];
+      }
+      for (uint32_t r = 0; r < routes; ++r) ASSERT_EQ(covered[r], 1u) << max_routes << " " << routes << " " << r;
+    }
+  }
+}
+
+// A call in chunks: every route falls to exactly one (part, chunk) share, every chunk with routes is
+// read by some part, and no part waits for a chunk it takes nothing from.
+TEST(FusedUnits, RoutePartsCoverEachChunkOfACallOnce) {
+  for (const uint32_t top_k : {1u, 4u, 8u}) {
+    for (const uint32_t max_tokens : {1u, 40u, 300u, 8192u}) {
+      const RouteParts plan = route_parts(max_tokens * top_k);
+      for (const uint32_t chunk_tokens : {1u, 7u, 16u, 256u, max_tokens}) {
+        const uint32_t chunk_routes = chunk_tokens * top_k;
+        for (const uint32_t tokens : {0u, 1u, max_tokens / 3, max_tokens}) {
+          const uint32_t routes = tokens * top_k;
+          const uint32_t chunks = (routes + chunk_routes - 1) / chunk_routes;
+          std::vector<uint32_t> covered(routes, 0), chunk_readers(chunks, 0);
+          for (uint32_t part = 0; part < plan.with_routes(routes); ++part) {
+            const UnitRange mine = unit_range(part, plan.routes_per_part, routes);
+            const UnitRange held = chunks_holding(mine, chunk_routes);
+            for (uint32_t c = held.begin; c < held.end; ++c) {
+              ASSERT_LT(c, chunks);
+              ++chunk_readers[c];
+              const UnitRange share = routes_in_chunk(mine, c, chunk_routes);
+              ASSERT_LT(share.begin, share.end) << "part " << part << " waits for chunk " << c << " for nothing";
+              for (uint32_t r = share.begin; r < share.end; ++r) {
+                ASSERT_EQ(r / chunk_routes, c);
+                ++covered[r];
+              }
+            }
+          }
+          const std::string where = "top-" + std::to_string(top_k) + ", " + std::to_string(tokens) + " of " +
+                                    std::to_string(max_tokens) + " tokens in chunks of " + std::to_string(chunk_tokens);
+          for (uint32_t r = 0; r < routes; ++r) ASSERT_EQ(covered[r], 1u) << where << ", route " << r;
+          for (uint32_t c = 0; c < chunks; ++c) ASSERT_GE(chunk_readers[c], 1u) << where << ", chunk " << c;
+        }
+      }
+    }
+  }
 }
 
 TEST(FusedUnits, EmptyKindsAreSkipped) {
@@ -73,6 +143,25 @@ TEST(FusedUnits, TokenAndRowRangesCoverEverythingOnce) {
       }
       EXPECT_EQ(next, rows);
     }
+  }
+}
+
+TEST(FusedUnits, StreamedKernelsPutARouteUnitPerSourceRankAfterTheSendUnits) {
+  const UnitPlan plan = make_unit_plan({1, 8, 132, 16, 16, 28, false, 7168 / 8});
+  const uint32_t ranks = 8;
+  EXPECT_EQ(first_routed_unit<true>(plan, ranks), first_routed_unit(plan) + ranks);
+  EXPECT_EQ(classify<true>(plan, RoutedUnits{}, plan.send_units, ranks).kind, UnitKind::route);
+  EXPECT_EQ(classify<true>(plan, RoutedUnits{}, plan.send_units + 7, ranks).index, 7u);
+  const UnitRef first_pull = classify<true>(plan, RoutedUnits{}, plan.send_units + 8, ranks);
+  EXPECT_EQ(first_pull.kind, UnitKind::pull);
+  EXPECT_EQ(first_pull.index, 0u);
+  // Everything past the route units as in the batch kernel.
+  const RoutedUnits routed{5, 6};
+  for (uint32_t unit = plan.send_units; unit < total_units(plan, routed); ++unit) {
+    const UnitRef batch = classify(plan, routed, unit);
+    const UnitRef streamed = classify<true>(plan, routed, unit + ranks, ranks);
+    EXPECT_EQ(streamed.kind, batch.kind) << "unit " << unit;
+    EXPECT_EQ(streamed.index, batch.index) << "unit " << unit;
   }
 }
 

@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "test_seed.h"
+
 namespace megamoe::layer_test {
 namespace {
 
@@ -13,11 +15,6 @@ std::vector<int32_t> tokens(int32_t ranks, std::vector<int32_t> pattern) {
   std::vector<int32_t> result(ranks);
   for (int32_t r = 0; r < ranks; ++r) result[r] = pattern[r % pattern.size()];
   return result;
-}
-
-bool quick() {
-  const char* value = std::getenv("MEGAMOE_TEST_QUICK");
-  return value != nullptr && value[0] != '\0' && std::string(value) != "0";
 }
 
 // MEGAMOE_TEST_QUICK: the same cases with at most 64 tokens per rank and a few calls, for runs under
@@ -199,7 +196,7 @@ std::vector<LayerCase> cases_for_ranks(int32_t ranks) {
   bad.tokens_per_rank = tokens(ranks, {16});
   bad.bad_expert_rank = ranks - 1;
   cases.push_back(bad);
-  if (quick()) shrink(cases);
+  if (testing::quick_run()) shrink(cases);
   // Receive capacity (Problem::recv_capacity) at, one above and one below the most routes a rank
   // receives: the first two are exact, the last is refused on every rank.
   for (int32_t margin : {0, 1, -1}) {

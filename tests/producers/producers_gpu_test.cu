@@ -236,31 +236,26 @@ TEST(RouteTokensGpu, ArgumentErrorsNameTheArgument) {
   const TensorView logits = view(d_logits.get(), DType::f32, {2, 64});
   const TensorView idx = view(d_idx.get(), DType::i32, {2, 4});
   const TensorView weights = view(d_weights.get(), DType::f32, {2, 4});
-  const auto message = [&](const auto& call) {
-    try {
-      call();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_NE(message([&] { route_tokens(config, logits, view(d_bias.get(), DType::f32, {64}), idx, weights, nullptr); })
-                .find("bias:"),
+  EXPECT_NE(testing::error_message([&] {
+              route_tokens(config, logits, view(d_bias.get(), DType::f32, {64}), idx, weights, nullptr);
+            }).find("bias:"),
             std::string::npos);
-  EXPECT_NE(message([&] { route_tokens(config, logits, {}, view(d_idx.get(), DType::f32, {2, 4}), weights, nullptr); })
-                .find("topk_idx:"),
+  EXPECT_NE(testing::error_message([&] {
+              route_tokens(config, logits, {}, view(d_idx.get(), DType::f32, {2, 4}), weights, nullptr);
+            }).find("topk_idx:"),
             std::string::npos);
-  EXPECT_NE(message([&] { route_tokens(config, view(d_logits.get(), DType::f32, {4, 32}), {}, idx, weights, nullptr); })
-                .find("logits:"),
+  EXPECT_NE(testing::error_message([&] {
+              route_tokens(config, view(d_logits.get(), DType::f32, {4, 32}), {}, idx, weights, nullptr);
+            }).find("logits:"),
             std::string::npos);
   RouterConfig wide = softmax_router(2048, 4, true);
-  EXPECT_NE(message([&] { route_tokens(wide, logits, {}, idx, weights, nullptr); }).find("num_experts:"),
+  EXPECT_NE(testing::error_message([&] { route_tokens(wide, logits, {}, idx, weights, nullptr); }).find("num_experts:"),
             std::string::npos);
-  EXPECT_NE(message([&] {
+  EXPECT_NE(testing::error_message([&] {
               quantize_activations(view(d_logits.get(), DType::bf16, {2, 100}), logits, weights, nullptr);
             }).find("x: hidden"),
             std::string::npos);
-  EXPECT_NE(message([&] {
+  EXPECT_NE(testing::error_message([&] {
               router_logits(view(d_logits.get(), DType::bf16, {2, 64}), view(d_logits.get(), DType::bf16, {4, 32}),
                             logits, nullptr);
             }).find("weight:"),

@@ -184,6 +184,7 @@ void expect_matches_batch(const Problem& p, SourceInputs& in, DrainBuffers& got,
     EXPECT_EQ(metas[c].token_base, want.token_base) << where << ", chunk " << c;
     EXPECT_EQ(metas[c].valid, want.valid) << where << ", chunk " << c;
     EXPECT_EQ(metas[c].last, want.last) << where << ", chunk " << c;
+    EXPECT_EQ(metas[c].call_tokens, want.call_tokens) << where << ", chunk " << c;
   }
 }
 
@@ -305,15 +306,6 @@ TEST(FrontRingGraph, ReplaysContinueTheSequence) {
   EXPECT_EQ(failed, 0);
 }
 
-std::string device_failure(SymmBuffer& buffer, cudaStream_t stream) {
-  try {
-    buffer.check_device_error(stream);
-  } catch (const DeviceFailure& e) {
-    return e.what();
-  }
-  return "no device error";
-}
-
 // A consumer whose source never publishes, and producers whose slots are never acknowledged, time out
 // naming the wait; after check_device_error the ring is back to its initial state and works again.
 TEST(FrontRingTimeouts, UnpublishedAndUnacknowledgedSlotsTimeOut) {
@@ -330,13 +322,13 @@ TEST(FrontRingTimeouts, UnpublishedAndUnacknowledgedSlotsTimeOut) {
     SourceInputs in = make_inputs(seed, 0, 0, 40);  // three chunks: a whole call takes every slot
 
     launch_drain(buffer, table, comm.stream());  // nothing published
-    const std::string unpublished = device_failure(buffer, comm.stream());
+    const std::string unpublished = testing::device_failure(buffer, comm.stream());
     EXPECT_NE(unpublished.find("waiting for a front-ring slot's routes (expected value 1, saw 0)"), std::string::npos)
         << unpublished;
 
     produce(buffer, in, comm.stream());  // call 1 takes the three slots
     produce(buffer, in, comm.stream());  // call 2: slot 0 was never acknowledged
-    const std::string unacknowledged = device_failure(buffer, comm.stream());
+    const std::string unacknowledged = testing::device_failure(buffer, comm.stream());
     EXPECT_NE(unacknowledged.find("waiting for a front-ring slot to be consumed (expected value 1, saw 0)"),
               std::string::npos)
         << unacknowledged;
@@ -353,34 +345,30 @@ TEST(FrontRingTimeouts, UnpublishedAndUnacknowledgedSlotsTimeOut) {
 TEST(FrontRingArguments, ErrorsNameTheArgument) {
   MEGAMOE_SKIP_WITHOUT_GPU();
   const int failed = run_ranks(1, LaunchMode::emulated, [&](Communicator& comm) {
-    const auto message = [](const auto& call) {
-      try {
-        call();
-      } catch (const Error& e) {
-        return std::string(e.what());
-      }
-      return std::string("no error");
-    };
     DeviceBuffer<uint16_t> x(41 * kHidden);
     DeviceBuffer<float> logits(41 * 64);
     Problem no_ring = ring_problem(1, 0, Recipe::fp8);
     no_ring.front_num_slots = 0;
     {
       SymmBuffer buffer(comm, no_ring);
-      const std::string m = message([&] { quantize_activations(view_of(x.get(), DType::bf16, {4, kHidden}), buffer, nullptr); });
+      const std::string m = testing::error_message([&] {
+        quantize_activations(view_of(x.get(), DType::bf16, {4, kHidden}), buffer, nullptr);
+      });
       if (m.find("buffer: has no front ring") == std::string::npos) throw std::runtime_error(m);
     }
     SymmBuffer buffer(comm, ring_problem(1, 0, Recipe::fp8));
-    std::string m = message([&] { quantize_activations(view_of(x.get(), DType::bf16, {41, kHidden}), buffer, nullptr); });
+    std::string m = testing::error_message([&] {
+      quantize_activations(view_of(x.get(), DType::bf16, {41, kHidden}), buffer, nullptr);
+    });
     if (m.find("x: holds 41 tokens") == std::string::npos) throw std::runtime_error(m);
-    m = message([&] { quantize_activations(view_of(x.get(), DType::bf16, {4, 256}), buffer, nullptr); });
+    m = testing::error_message([&] { quantize_activations(view_of(x.get(), DType::bf16, {4, 256}), buffer, nullptr); });
     if (m.find("x:") == std::string::npos) throw std::runtime_error(m);
-    m = message([&] {
+    m = testing::error_message([&] {
       route_tokens(softmax_router(64, 4, true), view_of(logits.get(), DType::f32, {4, 64}), TensorView{}, buffer,
                    nullptr);
     });
     if (m.find("config:") == std::string::npos) throw std::runtime_error(m);
-    m = message([&] {
+    m = testing::error_message([&] {
       route_tokens(ring_router(), view_of(logits.get(), DType::f32, {41, 64}), TensorView{}, buffer, nullptr);
     });
     if (m.find("logits: holds 41 tokens") == std::string::npos) throw std::runtime_error(m);

@@ -282,7 +282,8 @@ class Emulation {
     const FrontSlotMeta expected =
         front_chunk_meta(tokens_[index(static_cast<int32_t>(src), call)], ring_.tokens_per_slot, seen);
     ++seen;
-    if (meta.token_base != expected.token_base || meta.valid != expected.valid || meta.last != expected.last) {
+    if (meta.token_base != expected.token_base || meta.valid != expected.valid || meta.last != expected.last ||
+        meta.call_tokens != expected.call_tokens) {
       fail("rank " + std::to_string(dst) + " read wrong metadata from source " + std::to_string(src) + " call " +
            std::to_string(call));
       return false;

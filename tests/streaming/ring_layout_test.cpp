@@ -6,9 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "megamoe/error.h"
+#include "megamoe/layer.h"
 #include "megamoe/layout.h"
 
 namespace megamoe {
@@ -207,20 +210,108 @@ TEST(FrontRingSequence, ChunksOfACall) {
   EXPECT_EQ(meta.token_base, 0u);
   EXPECT_EQ(meta.valid, 0u);
   EXPECT_EQ(meta.last, 1u);
-  // 12 tokens in slots of 5: 5, 5, then a final partial chunk of 2.
+  EXPECT_EQ(meta.call_tokens, 0u);
+  // 12 tokens in slots of 5: 5, 5, then a final partial chunk of 2; each says the call has 12.
   EXPECT_EQ(front_chunk_count(12, 5), 3u);
-  const FrontSlotMeta expected[] = {{0, 5, 0, 0}, {5, 5, 0, 0}, {10, 2, 1, 0}};
+  const FrontSlotMeta expected[] = {{0, 5, 0, 12}, {5, 5, 0, 12}, {10, 2, 1, 12}};
   for (uint32_t chunk = 0; chunk < 3; ++chunk) {
     meta = front_chunk_meta(12, 5, chunk);
     EXPECT_EQ(meta.token_base, expected[chunk].token_base) << chunk;
     EXPECT_EQ(meta.valid, expected[chunk].valid) << chunk;
     EXPECT_EQ(meta.last, expected[chunk].last) << chunk;
+    EXPECT_EQ(meta.call_tokens, expected[chunk].call_tokens) << chunk;
   }
   // An exact multiple ends with a full chunk.
   EXPECT_EQ(front_chunk_count(10, 5), 2u);
   meta = front_chunk_meta(10, 5, 1);
   EXPECT_EQ(meta.valid, 5u);
   EXPECT_EQ(meta.last, 1u);
+}
+
+// A call's token t lives in ring row call_row(first_seq, t): its chunks take consecutive slots from
+// its first sequence's, and its rows wrap once at the ring's end.
+TEST(FrontRingSequence, CallRowsWrapAtTheRingsEnd) {
+  Problem p;
+  p.num_ranks = 2;
+  p.num_experts = 8;
+  p.top_k = 2;
+  p.hidden = 256;
+  p.intermediate = 128;
+  p.max_tokens_per_rank = 40;
+  p.front_num_slots = 4;
+  p.front_tokens_per_slot = 16;
+  const FrontRingLayout ring = FrontRingLayout::make(p);
+  ASSERT_EQ(ring.call_capacity(), 64u);
+  // From sequence 0 (slot 0): rows are tokens.
+  for (uint32_t t = 0; t < 40; ++t) EXPECT_EQ(ring.call_row(0, t), t) << t;
+  // From sequence 7 (slot 3, generation 2): tokens 0-15 in slot 3, 16-31 in slot 0, 32-39 in slot 1.
+  EXPECT_EQ(ring.call_row(7, 0), 48u);
+  EXPECT_EQ(ring.call_row(7, 15), 63u);
+  EXPECT_EQ(ring.call_row(7, 16), 0u);
+  EXPECT_EQ(ring.call_row(7, 39), 23u);
+  // Every token of a call at any first slot lands in the slot of its chunk, at its row in the chunk.
+  for (uint64_t first_seq = 0; first_seq < 8; ++first_seq) {
+    for (uint32_t t = 0; t < 40; ++t) {
+      const uint64_t row = ring.call_row(first_seq, t);
+      EXPECT_EQ(row / 16, front_slot(first_seq + t / 16, 4)) << first_seq << ", " << t;
+      EXPECT_EQ(row % 16, t % 16) << first_seq << ", " << t;
+    }
+  }
+}
+
+// A streaming buffer's ring: two calls' worth of chunks of the given size, one chunk per call by default.
+TEST(FrontRingShape, TwoCallsOfChunks) {
+  EXPECT_EQ(front_ring_shape(8192, 0).num_slots, 2);
+  EXPECT_EQ(front_ring_shape(8192, 0).tokens_per_slot, 8192);
+  EXPECT_EQ(front_ring_shape(8192, 9000).tokens_per_slot, 8192);
+  EXPECT_EQ(front_ring_shape(8192, 1024).num_slots, 16);
+  EXPECT_EQ(front_ring_shape(8192, 1024).tokens_per_slot, 1024);
+  EXPECT_EQ(front_ring_shape(40, 16).num_slots, 6);  // 3 chunks a call, the last of 8
+  EXPECT_EQ(front_ring_shape(1, 16).num_slots, 2);
+  EXPECT_EQ(front_ring_shape(1, 16).tokens_per_slot, 1);
+}
+
+// streamed_mega_moe's automatic form: a function of what every rank passes alike (the Problem, less its
+// rank, and uniform_tokens), so that no two ranks run one call in different forms.
+TEST(StreamedCallForm, ChosenAlikeOnEveryRankByTheCallsLargestCount) {
+  Problem p = streamed_problem(Recipe::fp8);
+  p.max_tokens_per_rank = 4096;
+  for (const int64_t tokens : {int64_t{1}, int64_t{64}, kStreamedCallsUpToTokens, kStreamedCallsUpToTokens + 1,
+                               int64_t{2048}, int64_t{4096}, int64_t{0}}) {
+    const CallForm want = (tokens == 0 ? p.max_tokens_per_rank : tokens) <= kStreamedCallsUpToTokens
+                              ? CallForm::streamed
+                              : CallForm::batch;
+    for (int32_t rank = 0; rank < p.num_ranks; ++rank) {
+      Problem on_rank = p;
+      on_rank.rank = rank;
+      EXPECT_EQ(choose_call_form(on_rank, tokens), want) << "rank " << rank << ", " << tokens << " tokens";
+    }
+  }
+  p.max_tokens_per_rank = 64;  // a decode buffer: its default is its largest call's form
+  EXPECT_EQ(choose_call_form(p, 0), choose_call_form(p, 64));
+}
+
+TEST(StreamedCallForm, RefusesCountsOutsideTheBuffer) {
+  const Problem p = streamed_problem(Recipe::fp8);  // max_tokens_per_rank 15
+  for (const int64_t tokens : {int64_t{-1}, int64_t{16}}) {
+    try {
+      choose_call_form(p, tokens);
+      ADD_FAILURE() << tokens << " tokens were accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("uniform_tokens: must be in [0, 15]"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(StreamedCallForm, NamesParseBack) {
+  for (const CallForm form : {CallForm::automatic, CallForm::streamed, CallForm::batch}) {
+    CallForm parsed = form == CallForm::batch ? CallForm::streamed : CallForm::batch;
+    EXPECT_TRUE(parse_call_form(to_string(form), parsed)) << to_string(form);
+    EXPECT_EQ(parsed, form);
+  }
+  CallForm unchanged = CallForm::batch;
+  EXPECT_FALSE(parse_call_form("auto", unchanged));
+  EXPECT_EQ(unchanged, CallForm::batch);
 }
 
 }  // namespace

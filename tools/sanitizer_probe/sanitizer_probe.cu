@@ -8,10 +8,10 @@
 //   mbarrier_warp: as mbarrier_slot, but every lane of the consumer warp reads the slot and lane 0
 //                  arrives after __syncwarp (how the math warps release a stage: release_stage_at);
 //   group_flag:    thread 0 writes a word between two bar.sync of the threads that read it (the
-//                  fused kernel's combine loop, fused_layer.cuh: group_flag), with a third warp of
+//                  fused kernel's combine loop, scheduler.cuh: group_flag), with a third warp of
 //                  the block outside the named barrier, as the fused kernel's other roles are;
 //   claim_loop:    group_flag's word also holding the next claimed unit, three barriers per
-//                  unit (the fused kernel's combine loop, fused_layer.cuh: math_fused); at
+//                  unit (the fused kernel's combine loop, math.cuh: math_fused); at
 //                  9b65a85 racecheck reported the kernel's loop but not this one;
 //   claim_polled:  the same with the flag computed as the kernel does, by a polling loop of thread
 //                  0 alone (rank_wait), the rest of its warp at the barrier (not reported either);
@@ -36,11 +36,11 @@
 //   bulk_then_write: thread 0 bulk-copies into a buffer and waits for it, then arrives on an
 //                  mbarrier; a second warp waits for that and writes the buffer with generic stores
 //                  (the fused kernel's bulk pulls bounce rows through the ring's stages, where the
-//                  fp8_fp4 converters later write expanded weights: fused_layer.cuh run_pull,
+//                  fp8_fp4 converters later write expanded weights: producer.cuh run_pull,
 //                  mainloop.cuh expand_weight_tile); the writes must not be overwritten by the copy;
 //   handed_ring:   one thread hands entries to another through a shared-memory ring, volatile
 //                  counts and __threadfence_block, no barrier (the fused kernel's handed tile-done
-//                  counts, fused_layer.cuh: hand_over_tile_done, make_handed_counts, finish_counts):
+//                  counts, tile_done.cuh: hand_over_tile_done, make_handed_counts, finish_counts):
 //                  the taker claims the ring with atomicCAS on a mode word, the giver counts an entry
 //                  itself when the mode is not handed or the ring is full, then says it has finished;
 //                  each entry must be counted exactly once.
@@ -124,7 +124,7 @@ __global__ void group_flag(uint32_t* out) {
   }
 }
 
-// The fused kernel's combine loop (fused_layer.cuh: math_fused): one shared word is both the
+// The fused kernel's combine loop (math.cuh: math_fused): one shared word is both the
 // group flag and the next claimed unit. Per unit: thread 0 writes the flag, barrier, all read it,
 // barrier, the unit's work, barrier, thread 0 writes the claim, barrier, all read it, barrier.
 // kPolledFlag: thread 0 computes the flag as the kernel does (rank_wait): polling a global word with
@@ -244,6 +244,7 @@ __global__ void handed_ring(uint32_t* out) {
       const uint32_t entry = 500 + i;
       const uint32_t w = written;
       if (*v_mode == kHanded && w - *v_made < kHandedSlots) {
+        __threadfence_block();  // the count of entries made before the slot's new entry
         ring[w % kHandedSlots] = entry;
         __threadfence_block();  // the entry before the count of entries written
         *v_written = w + 1;

@@ -276,3 +276,106 @@ def test_region_tensors_are_views_of_the_buffer():
     ptrs = sorted(t.data_ptr() for t in (buffer.x, buffer.x_sf, buffer.topk_idx, buffer.topk_weights))
     assert ptrs[-1] - ptrs[0] < buffer.num_bytes  # all four inside the one symmetric allocation
     buffer.destroy()
+
+
+def _softmax_top_k(logits: np.ndarray, top_k: int):
+    """The softmax router's choice (megamoe/router.h) on given logits: ids by decreasing probability, ties
+    to the lower id, weights normalized over the chosen."""
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    idx = np.argsort(-p, axis=1, kind="stable")[:, :top_k]
+    w = np.take_along_axis(p, idx, axis=1)
+    return idx.astype(np.int32), (w / w.sum(axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.mark.parametrize("recipe,chunk_tokens,form,max_tokens", [
+    ("fp8", None, "streamed", 64), ("fp8_fp4", None, "streamed", 64), ("bf16", None, "streamed", 64),
+    ("fp8", 16, "streamed", 64), ("fp8", None, "batch", 64), ("bf16", 16, "batch", 64),
+    ("fp8", None, "automatic", 64), ("fp8", 16, "automatic", 160)])
+def test_streamed_calls_match_the_reference(recipe, chunk_tokens, form, max_tokens):
+    """streamed_mega_moe: router logits, top-k and quantization on the GPU into the front ring, the fused
+    layer reading them there; calls of 1, 37, 37, 64 and 0 tokens reuse the ring's slots, in one chunk
+    per call (two slots) or in chunks of 16 (eight slots: the 64-token call's chunks take slots 7, 0, 1
+    and 2). Each call's output against the C++ reference on the same routing (the softmax top-k of the
+    call's own logits, which must be x @ router_weight.T) and the same x. form "batch": the same producers
+    into the buffer's input regions, then the fused layer (the ring unused); "automatic": the batch form
+    for now, in buffers of 64 and 160 tokens."""
+    p = problem(recipe, max_tokens=max_tokens)
+    buffer = mt.Buffer(problem=p, streaming=True, chunk_tokens=chunk_tokens)
+    assert buffer.call_form() == "batch"  # at every size for now (streamed calls measured slower)
+    assert buffer.streaming and buffer.problem.front_tokens_per_slot == min(chunk_tokens or p.max_tokens_per_rank,
+                                                                            p.max_tokens_per_rank)
+    _, weights = ref.random_layer(p, [0], seed=3)
+    l1, l2, sl1, sl2 = transformed(p, weights, 0)
+    router = megamoe.softmax_router(p.num_experts, p.top_k)
+    torch.manual_seed(5)
+    router_weight = (0.05 * torch.randn(p.num_experts, p.hidden)).to(torch.bfloat16).cuda()
+    stats = torch.zeros(p.experts_per_rank, dtype=torch.int64, device="cuda")
+    for tokens in (1, 37, 37, 64, 0):
+        x = torch.randn(tokens, p.hidden).to(torch.bfloat16).cuda()
+        y = torch.empty((tokens, p.hidden), dtype=torch.bfloat16, device="cuda")
+        logits = torch.empty((tokens, p.num_experts), dtype=torch.float32, device="cuda")
+        mt.streamed_mega_moe(y, x, router_weight, router, l1, l2, buffer, stats, router_logits=logits,
+                             shared_l1_weights=sl1, shared_l2_weights=sl2, form=form)
+        buffer.check_device_error()
+        if tokens == 0:
+            continue
+        got_logits = logits.cpu().numpy()
+        np.testing.assert_allclose(got_logits, (x.float() @ router_weight.float().T).cpu().numpy(), rtol=1e-4,
+                                   atol=1e-4)
+        idx, w = _softmax_top_k(got_logits.astype(np.float64), p.top_k)
+        codes, scales = ref.quantize_activations(x.float().cpu().numpy(), recipe)
+        batch = {"x": codes, "topk_idx": idx, "topk_weights": w}
+        if scales is not None:
+            batch["x_scales"] = scales
+        want, counts = ref.cpp_mega_moe(p, [batch], weights)
+        error = ref.normalized_error(y_bits(y), want[0])
+        assert error < bound(recipe, tokens), f"{recipe}, form {form}, chunks of {chunk_tokens}, {tokens} tokens: " \
+                                              f"error {error}"
+    buffer.destroy()
+
+
+def test_streamed_call_errors_name_the_argument():
+    p = problem("fp8")
+    _, weights = ref.random_layer(p, [0], seed=1)
+    l1, l2, sl1, sl2 = transformed(p, weights, 0)
+    router = megamoe.softmax_router(p.num_experts, p.top_k)
+    x = torch.zeros((4, p.hidden), dtype=torch.bfloat16, device="cuda")
+    y = torch.empty((4, p.hidden), dtype=torch.bfloat16, device="cuda")
+    w = torch.zeros((p.num_experts, p.hidden), dtype=torch.bfloat16, device="cuda")
+    batch_buffer = mt.Buffer(problem=p)
+    with pytest.raises(ValueError, match="^sym_buffer: streamed calls need a buffer made with streaming=True"):
+        mt.streamed_mega_moe(y, x, w, router, l1, l2, batch_buffer, shared_l1_weights=sl1, shared_l2_weights=sl2)
+    batch_buffer.destroy()
+    with pytest.raises(ValueError, match="^activation_scales"):
+        mt.Buffer(problem=p, streaming=True, activation_scales="mx")
+    with pytest.raises(ValueError, match="^chunk_tokens: cuts streamed calls"):
+        mt.Buffer(problem=p, chunk_tokens=16)
+    with pytest.raises(ValueError, match="^chunk_tokens: must be a positive int"):
+        mt.Buffer(problem=p, streaming=True, chunk_tokens=0)
+    buffer = mt.Buffer(problem=p, streaming=True)
+    common = dict(shared_l1_weights=sl1, shared_l2_weights=sl2)
+    with pytest.raises(ValueError, match="^router: must be a megamoe.RouterConfig"):
+        mt.streamed_mega_moe(y, x, w, "softmax", l1, l2, buffer, **common)
+    with pytest.raises(ValueError, match="^x: "):
+        mt.streamed_mega_moe(y, x[:3], w, router, l1, l2, buffer, **common)
+    with pytest.raises(ValueError, match="^router_weight: "):
+        mt.streamed_mega_moe(y, x, w.float(), router, l1, l2, buffer, **common)
+    with pytest.raises(ValueError, match="router_bias"):  # the softmax router takes none (the library's rule)
+        mt.streamed_mega_moe(y, x, w, router, l1, l2, buffer, router_bias=torch.zeros(p.num_experts, device="cuda"),
+                             **common)
+    other = megamoe.softmax_router(p.num_experts, p.top_k + 1)
+    with pytest.raises(ValueError, match="call.router"):
+        mt.streamed_mega_moe(y, x, w, other, l1, l2, buffer, **common)
+    with pytest.raises(ValueError, match="^form: must be 'automatic', 'streamed' or 'batch'"):
+        mt.streamed_mega_moe(y, x, w, router, l1, l2, buffer, form="sideways", **common)
+    with pytest.raises(ValueError, match="^uniform_tokens: must be an int"):
+        mt.streamed_mega_moe(y, x, w, router, l1, l2, buffer, uniform_tokens="4", **common)
+    with pytest.raises(ValueError, match="call.uniform_tokens: is 0 or the most tokens any rank has"):
+        mt.streamed_mega_moe(y, x, w, router, l1, l2, buffer, uniform_tokens=3, **common)
+    # automatic picks batch at every size for now (kStreamedCallsUpToTokens is 0: streamed calls measured slower).
+    assert buffer.call_form() == "batch" and buffer.call_form(1) == "batch"
+    # Refused calls published nothing: a good call still runs.
+    mt.streamed_mega_moe(y, x, w, router, l1, l2, buffer, **common)
+    buffer.check_device_error()
+    buffer.destroy()

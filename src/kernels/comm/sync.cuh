@@ -74,30 +74,46 @@ MEGAMOE_DEVICE uint32_t linear_thread() {
   return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
 }
 
-// Records `error` unless an earlier error was recorded (the first one is usually the cause). The host
-// reads the record only after the kernel has finished, so the fields need no ordering among themselves.
-MEGAMOE_DEVICE void record_error(ControlBlock* control, const DeviceError& error) {
-  if (atomicCAS(&control->error.code, uint32_t{kDeviceOk}, error.code) != kDeviceOk) return;
-  control->error.site = error.site;
-  control->error.rank = error.rank;
-  control->error.block = error.block;
-  control->error.thread = error.thread;
-  control->error.peer = error.peer;
-  control->error.detail = error.detail;
-  control->error.choice = error.choice;
-  control->error.expected = error.expected;
-  control->error.seen = error.seen;
+// Records `error` in `record` unless an earlier error was recorded there (the first one is usually
+// the cause). The host reads the record only after the kernel has finished, so the fields need no
+// ordering among themselves.
+MEGAMOE_DEVICE void record_first(DeviceError& record, const DeviceError& error) {
+  if (atomicCAS(&record.code, uint32_t{kDeviceOk}, error.code) != kDeviceOk) return;
+  record.site = error.site;
+  record.rank = error.rank;
+  record.block = error.block;
+  record.thread = error.thread;
+  record.peer = error.peer;
+  record.detail = error.detail;
+  record.choice = error.choice;
+  record.expected = error.expected;
+  record.seen = error.seen;
+}
+// An error that breaks the call (a timeout, a streamed chunk out of step): the record the rank's waits
+// and check_device_error's resets go by.
+MEGAMOE_DEVICE void record_error(ControlBlock* control, const DeviceError& error) { record_first(control->error, error); }
+// An input error: the call runs to its end on every rank.
+MEGAMOE_DEVICE void record_input_error(ControlBlock* control, const DeviceError& error) {
+  record_first(control->input_error, error);
 }
 
-// True once a wait of this rank has timed out: later kernels of the call stop instead of working on
-// data the stuck step left incomplete (and writing it into peers' buffers). Input errors (a bad expert
-// id) do not stop the protocol: the bad route is skipped, so peers are not left waiting.
-MEGAMOE_DEVICE bool rank_timed_out(const ControlBlock* control) {
-  return *static_cast<const volatile uint32_t*>(&control->error.code) == kDeviceTimeout;
+// True once this rank has recorded an error that breaks the call (breaks_call: a wait that timed out,
+// a streamed chunk out of step): later waits and kernels of the call stop instead of waiting for what
+// will not come or working on data the stuck step left incomplete (and writing it into peers'
+// buffers). Input errors (a bad expert id) do not: the bad route is skipped, so peers are not left
+// waiting.
+MEGAMOE_DEVICE bool rank_call_failed(const ControlBlock* control) {
+  return breaks_call(*static_cast<const volatile uint32_t*>(&control->error.code));
+}
+// rank_call_failed read once for the whole CTA (every thread calls it: a barrier). Read by each thread
+// on its own, two threads could disagree when another CTA records an error between their reads, and a
+// CTA split that way would wait at its next barrier forever.
+MEGAMOE_DEVICE bool cta_call_failed(const ControlBlock* control) {
+  return __syncthreads_or(rank_call_failed(control)) != 0;
 }
 // Whether some rank refused the call, its routes past its receive capacity (dispatch's refuse_call):
 // read after the L2-done barrier, which orders the refusing rank's flag before it. With `record` (one
-// thread), also records it on this rank, for its host, unless an error is recorded already.
+// thread), also records it on this rank, for its host, unless an input error is recorded already.
 MEGAMOE_DEVICE bool call_refused(ControlBlock* control, int32_t rank, bool record) {
   const uint32_t refused_by = *static_cast<const volatile uint32_t*>(&control->capacity_exceeded_by);
   if (refused_by != 0 && record) {
@@ -107,7 +123,7 @@ MEGAMOE_DEVICE bool call_refused(ControlBlock* control, int32_t rank, bool recor
     error.block = linear_block();
     error.thread = linear_thread();
     error.peer = refused_by - 1;
-    record_error(control, error);
+    record_input_error(control, error);
   }
   return refused_by != 0;
 }
@@ -120,6 +136,9 @@ struct WaitSiteInfo {
   uint32_t peer;       // the rank waited for (for sites about one peer)
   uint64_t expected;   // the value waited for
   uint32_t choice = 0; // what the value counts for (the fused schedule's expert or token tile)
+  // How many view.timeout_ns to wait: a wait on what another wait's owner makes waits longer, so that
+  // the owner's own wait fires first and its record names the cause.
+  uint32_t timeouts = 1;
 };
 
 // Calls poll(seen) until it returns true (it sets `seen` to the value it read each time). Returns
@@ -134,8 +153,8 @@ MEGAMOE_DEVICE bool spin_wait(const SymmView& view, ControlBlock* control, const
     // A short sleep between polls: a waiting warp (the fused schedule's producer) then leaves its
     // scheduler's issue slots to the math warps beside it.
     __nanosleep(100);
-    if (polls % 256 == 0 && rank_timed_out(control)) return false;
-    if (cuda::ptx::get_sreg_globaltimer() - start > view.timeout_ns) {
+    if (polls % 256 == 0 && rank_call_failed(control)) return false;
+    if (cuda::ptx::get_sreg_globaltimer() - start > info.timeouts * view.timeout_ns) {
       DeviceError error{};
       error.code = kDeviceTimeout;
       error.site = info.site;
@@ -143,7 +162,7 @@ MEGAMOE_DEVICE bool spin_wait(const SymmView& view, ControlBlock* control, const
       error.block = linear_block();
       error.thread = linear_thread();
       error.peer = info.peer;
-      error.detail = static_cast<uint32_t>(view.timeout_ns / 1000000);
+      error.detail = static_cast<uint32_t>(info.timeouts * view.timeout_ns / 1000000);
       error.expected = info.expected;
       error.seen = seen;
       error.choice = info.choice;
@@ -168,13 +187,14 @@ MEGAMOE_DEVICE bool wait_at_least_sys(const SymmView& view, ControlBlock* contro
 // Waits until *counter >= expected, reading with device-scope acquire (counters of this rank's own
 // kernels). `choice` goes into the record's `choice` field (what the counter counts for).
 MEGAMOE_DEVICE bool wait_at_least_gpu(const SymmView& view, ControlBlock* control, const uint32_t* counter,
-                                      uint32_t expected, WaitSite site, uint32_t choice) {
+                                      uint32_t expected, WaitSite site, uint32_t choice, uint32_t timeouts = 1) {
   const auto poll = [&](uint64_t& seen) {
     const uint32_t value = GpuRef<uint32_t>(*const_cast<uint32_t*>(counter)).load(cuda::memory_order_acquire);
     seen = value;
     return value >= expected;
   };
-  return spin_wait(view, control, WaitSiteInfo{site, static_cast<uint32_t>(view.rank), expected, choice}, poll);
+  return spin_wait(view, control, WaitSiteInfo{site, static_cast<uint32_t>(view.rank), expected, choice, timeouts},
+                   poll);
 }
 
 // ---- Barriers ----

@@ -21,6 +21,7 @@
 #include "megamoe/comm.h"
 #include "megamoe/layout.h"
 #include "megamoe/problem.h"
+#include "megamoe/streaming.h"
 
 namespace megamoe::dispatch {
 
@@ -32,6 +33,10 @@ struct DispatchArgs {
   const int32_t* topk_idx;  // this rank's [num_tokens][top_k]
   int64_t* recv_stats;      // nullable: [experts_per_rank], accumulated
   uint32_t first_token;     // the call's index of this wave's token 0, for error records
+  // A streamed call (the fused schedule's streamed kernels only): every rank's inputs are its front
+  // ring's chunk of this call (one per source rank), read at this rank's consumer cursor for that source.
+  bool streamed;
+  FrontRingLayout ring;
 };
 
 __device__ __forceinline__ void record_input_error(const DispatchArgs& a, uint32_t code, uint32_t route,
@@ -45,7 +50,7 @@ __device__ __forceinline__ void record_input_error(const DispatchArgs& a, uint32
   error.choice = route % static_cast<uint32_t>(a.problem.top_k);
   error.seen = static_cast<uint64_t>(seen);
   error.expected = static_cast<uint64_t>(code == kDeviceBadExpertId ? a.problem.num_experts : a.layout.wave_tokens);
-  device::record_error(a.layout.control_block(a.view.local()), error);
+  device::record_input_error(a.layout.control_block(a.view.local()), error);
 }
 
 // Copies of the caller's inputs into this rank's buffer (peers pull from there). A kernel rather than
@@ -151,6 +156,66 @@ __device__ inline void count_and_scatter(const DispatchArgs& a, uint32_t begin, 
   }
 }
 
+// A streamed call, as owner: routes [begin, end) of source rank `source`'s call, all in one of its
+// chunks (`ids`: that chunk's top-k ids, token-major, the first of them the call's route
+// `first_route`), to this rank's experts, each given the next slot of its (local expert, source)
+// table as the source's scatter gives it in a batch call (`cursors`: [experts_per_rank][num_ranks],
+// this rank's, zero before the call; device-scope atomics, since a call's routes are indexed in parts
+// on several CTAs); this rank's own ids also go to its topk_idx region, which the combine reads.
+// Reading the routes here replaces the scatter, the count exchange and its barrier
+// (publish_ring_counts then gives the counts). Thread `thread` of the `threads` that call it together.
+__device__ inline void index_ring_routes(const DispatchArgs& a, uint32_t source, const int32_t* ids,
+                                         uint32_t first_route, uint32_t begin, uint32_t end, uint32_t* cursors,
+                                         uint32_t thread, uint32_t threads) {
+  const uint32_t experts_per_rank = a.layout.experts_per_rank;
+  const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
+  const int64_t first_expert = int64_t{a.view.rank} * experts_per_rank;
+  const bool own = source == static_cast<uint32_t>(a.view.rank);
+  int32_t* own_ids = BufferLayout::at<int32_t>(a.view.local(), a.layout.topk_idx);
+  // kIdLoads ids in flight per thread: the ids are often read over NVLink, and one load's round trip
+  // per route would bound the part. Four: with eight, the fp8 prefill kernel's 40-register dispatch
+  // warps spilled more (local-memory instructions 451 -> 650; 506 with four).
+  constexpr uint32_t kIdLoads = 4;
+  for (uint32_t base = begin + thread; base < end; base += threads * kIdLoads) {
+    int32_t loaded[kIdLoads];
+#pragma unroll
+    for (uint32_t i = 0; i < kIdLoads; ++i)
+      loaded[i] = base + i * threads < end ? ids[base + i * threads - first_route] : -1;
+#pragma unroll
+    for (uint32_t i = 0; i < kIdLoads; ++i) {
+      const uint32_t route = base + i * threads;
+      const int32_t expert = loaded[i];
+      if (route >= end) break;
+      if (own) own_ids[route] = expert;
+      if (expert < -1 || expert >= a.problem.num_experts) {
+        if (own) record_input_error(a, kDeviceBadExpertId, route, expert);  // its source reports it
+        continue;
+      }
+      const int64_t local = int64_t{expert} - first_expert;
+      if (expert < 0 || local < 0 || local >= experts_per_rank) continue;
+      const uint32_t slot = atomicAdd(&cursors[static_cast<uint32_t>(local) * num_ranks + source], 1u);
+      if (slot >= a.layout.wave_tokens) {  // only repeated experts within tokens can get here
+        record_input_error(a, kDeviceSlotOverflow, route, slot);
+        continue;
+      }
+      a.layout.src_index_ptr(a.view.local(), static_cast<uint32_t>(local), source, num_ranks)[slot] = route;
+    }
+  }
+}
+
+// Once every part of source rank `source`'s chunk is indexed (their writes acquired): its count per
+// local expert, where the pulls' segments read them (`cursors` as index_ring_routes').
+__device__ inline void publish_ring_counts(const DispatchArgs& a, uint32_t source, uint32_t* cursors, uint32_t thread,
+                                           uint32_t threads) {
+  const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
+  for (uint32_t e = thread; e < a.layout.experts_per_rank; e += threads) {
+    // Another CTA's atomics made it: read where they are, not from this SM's cache.
+    const uint32_t count = device::GpuRef<uint32_t>(cursors[e * num_ranks + source]).load(cuda::memory_order_relaxed);
+    *a.layout.recv_count_ptr(a.view.local(), e, source, num_ranks) =
+        count < a.layout.wave_tokens ? count : a.layout.wave_tokens;
+  }
+}
+
 // Once every route's slot is taken: sends each owner the number of routes this rank sent to each of
 // its experts, and resets the send counters for the next call (thread `thread` of `threads`).
 __device__ inline void send_counts(const DispatchArgs& a, uint32_t thread, uint32_t threads) {
@@ -209,7 +274,7 @@ __device__ inline void refuse_call(const DispatchArgs& a, uint32_t received) {
   error.peer = static_cast<uint32_t>(a.view.rank);
   error.expected = a.layout.recv_capacity;
   error.seen = received;
-  device::record_error(control, error);
+  device::record_input_error(control, error);
   for (int32_t peer = 0; peer < a.view.num_ranks; ++peer)
     device::st_release_sys(&a.view.map(control, peer)->capacity_exceeded_by, static_cast<uint32_t>(a.view.rank) + 1);
 }
@@ -252,6 +317,45 @@ __device__ inline bool build_segments(const DispatchArgs& a, uint32_t* segment_b
   return fits;
 }
 
+// Where a source rank's token inputs are in its buffer, as offsets from its base: token t's row at
+// x + input_row(t) * row bytes, its scales at x_scales + input_row(t) * hidden blocks, route r's weight
+// at topk_weights + input_route(r) floats. A batch call reads the regions the source's send units
+// staged them in (row t is row t); a streamed call (kStreamed: the fused schedule's streamed kernels)
+// reads the source's front ring, where its call's chunks take consecutive slots from this rank's
+// consumer cursor for it (FrontRingLayout::call_row). Template flags, so that the batch kernels' pulls
+// stay as they were.
+struct InputOffsets {
+  uint64_t x;
+  uint64_t x_scales;
+  uint64_t topk_weights;
+};
+template <bool kStreamed>
+__device__ __forceinline__ InputOffsets input_offsets(const DispatchArgs& a) {
+  if constexpr (!kStreamed) {
+    return {a.layout.x.offset, a.layout.x_scales.offset, a.layout.topk_weights.offset};
+  } else {
+    const uint64_t ring = a.layout.front_ring.offset;
+    return {ring + a.ring.x.offset, ring + a.ring.x_scales.offset, ring + a.ring.topk_weights.offset};
+  }
+}
+template <bool kStreamed>
+__device__ __forceinline__ auto input_row(const DispatchArgs& a, uint32_t rank, uint32_t token) {
+  if constexpr (!kStreamed) {
+    return uint64_t{token};
+  } else {
+    return a.ring.call_row(*a.ring.consumer_cursor(a.view.local() + a.layout.front_ring.offset, rank), token);
+  }
+}
+template <bool kStreamed>
+__device__ __forceinline__ auto input_route(const DispatchArgs& a, uint32_t rank, uint32_t token_topk) {
+  if constexpr (!kStreamed) {
+    return token_topk;
+  } else {
+    const uint32_t top_k = a.ring.top_k;
+    return input_row<true>(a, rank, token_topk / top_k) * top_k + token_topk % top_k;
+  }
+}
+
 // Where pool row `row` comes from.
 struct RowSource {
   uint32_t rank;
@@ -270,7 +374,7 @@ __device__ inline RowSource row_source(const DispatchArgs& a, const PoolSegments
 // Pulls pool row `row` (warp-wide, `lane`): its source, then the row, its scales and its route weight
 // loaded together (at decode each row's round trips are the pull's time), then all of them stored.
 // kUnroll: 16-byte vectors in flight per lane.
-template <int kUnroll = device::kPullRowUnroll>
+template <bool kStreamed = false, int kUnroll = device::kPullRowUnroll>
 __device__ inline void pull_row(const DispatchArgs& a, const PoolSegments& segments, uint32_t row, uint32_t lane) {
   const uint32_t row_bytes = static_cast<uint32_t>(a.problem.hidden) * a.layout.activation_bytes;
   const uint32_t hidden_blocks = a.layout.hidden_blocks;
@@ -284,7 +388,8 @@ __device__ inline void pull_row(const DispatchArgs& a, const PoolSegments& segme
   const uint32_t token = token_topk / static_cast<uint32_t>(a.problem.top_k);
   const char* source_buffer = source.buffer;
   const float* source_scales =
-      reinterpret_cast<const float*>(source_buffer + a.layout.x_scales.offset) + uint64_t{token} * hidden_blocks;
+      reinterpret_cast<const float*>(source_buffer + input_offsets<kStreamed>(a).x_scales) +
+      input_row<kStreamed>(a, source.rank, token) * hidden_blocks;
   float scales[kEarlyScales];
 #pragma unroll
   for (uint32_t i = 0; i < kEarlyScales; ++i) {
@@ -292,9 +397,12 @@ __device__ inline void pull_row(const DispatchArgs& a, const PoolSegments& segme
     scales[i] = scaled && kb < hidden_blocks ? source_scales[kb] : 0.0f;
   }
   const float weight =
-      lane == 0 ? reinterpret_cast<const float*>(source_buffer + a.layout.topk_weights.offset)[token_topk] : 0.0f;
+      lane == 0
+          ? reinterpret_cast<const float*>(source_buffer + input_offsets<kStreamed>(a).topk_weights)
+                [input_route<kStreamed>(a, source.rank, token_topk)]
+          : 0.0f;
   device::copy_row_vector<kUnroll>(
-      source_buffer + a.layout.x.offset + uint64_t{token} * row_bytes,
+      source_buffer + input_offsets<kStreamed>(a).x + input_row<kStreamed>(a, source.rank, token) * row_bytes,
       a.view.local() + a.layout.l1_pool.offset + uint64_t{row} * row_bytes, row_bytes, lane);
   // Scales K-block-major: one TMA box then holds a GEMM tile's scales.
   if (scaled) {
@@ -380,7 +488,7 @@ __device__ inline void stage_rows_bulk(const StagedCopy& copy, uint32_t token_be
 // scales go through every lane, kBounceScaleLoads loads in flight per lane. Lane 0 calls
 // rows_done(first, count) once a warp's rows are written (and fenced for the async proxy: the GEMM
 // reads the scales with TMA). The row bytes are pull_rows_bulk's.
-template <class RowsDone>
+template <bool kStreamed = false, class RowsDone>
 __device__ inline void pull_rows_metadata(const DispatchArgs& a, const PoolSegments& segments, uint32_t begin,
                                           uint32_t end, uint32_t warp, uint32_t warps, uint32_t lane,
                                           const RowsDone& rows_done) {
@@ -396,14 +504,16 @@ __device__ inline void pull_rows_metadata(const DispatchArgs& a, const PoolSegme
     if (lane < rows) source = row_source(a, segments, row);
     const uint32_t token = source.token_topk / static_cast<uint32_t>(a.problem.top_k);
     if (lane < rows) {
-      pool_weight[row] = reinterpret_cast<const float*>(source.buffer + a.layout.topk_weights.offset)[source.token_topk];
+      pool_weight[row] = reinterpret_cast<const float*>(source.buffer + input_offsets<kStreamed>(a).topk_weights)
+          [input_route<kStreamed>(a, source.rank, source.token_topk)];
       pool_source[row] = PoolSource{source.rank, source.token_topk};
     }
     if (scaled) {
       // K-block-major, as pull_row writes them. Each lane's loads of a round are in flight before
       // its stores: one round trip per round of the rows' scales, not one per row.
-      const uintptr_t row_scales = reinterpret_cast<uintptr_t>(source.buffer + a.layout.x_scales.offset) +
-                                   uint64_t{token} * hidden_blocks * sizeof(float);
+      const uintptr_t row_scales =
+          reinterpret_cast<uintptr_t>(source.buffer + input_offsets<kStreamed>(a).x_scales) +
+          input_row<kStreamed>(a, source.rank, token) * hidden_blocks * sizeof(float);
       const uint32_t total = rows * hidden_blocks;
       for (uint32_t base = 0; base < total; base += 32 * kBounceScaleLoads) {
         float values[kBounceScaleLoads];
@@ -440,7 +550,7 @@ __device__ inline void pull_rows_metadata(const DispatchArgs& a, const PoolSegme
 // route weights and sources are pull_rows_metadata's, run by other warps meanwhile: in this warp's
 // loop they took about five round trips per batch, most of a bulk pull's time (DeepSeek-V3 at 2048
 // tokens: about 130 µs per CTA for 124 rows).
-template <class RowsPulled>
+template <bool kStreamed = false, class RowsPulled>
 __device__ inline void pull_rows_bulk(const DispatchArgs& a, const PoolSegments& segments, uint32_t begin,
                                       uint32_t end, BounceArea& bounce, uint32_t lane,
                                       const RowsPulled& rows_pulled) {
@@ -468,7 +578,9 @@ __device__ inline void pull_rows_bulk(const DispatchArgs& a, const PoolSegments&
       RowSource source{};
       if (lane < batch.rows) source = row_source(a, segments, row);
       const uint32_t token = source.token_topk / static_cast<uint32_t>(a.problem.top_k);
-      const char* source_row = source.buffer + a.layout.x.offset + uint64_t{token} * row_bytes + batch.offset;
+      const char* source_row =
+          source.buffer + input_offsets<kStreamed>(a).x + input_row<kStreamed>(a, source.rank, token) * row_bytes +
+          batch.offset;
       // Lane 0 issues the loads: the half is free for it (its wait above).
       if (lane == 0) {
         cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,

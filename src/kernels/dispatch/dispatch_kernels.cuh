@@ -15,8 +15,8 @@ __global__ void send_routes(const DispatchArgs a, const StagedInputs staged) {
   wait_for_prior_kernels();
   allow_next_kernel();
   ControlBlock* control = a.layout.control_block(a.view.local());
-  const bool timed_out = device::rank_timed_out(control);
-  if (!timed_out) {
+  const bool failed = device::cta_call_failed(control);
+  if (!failed) {
     stage_inputs(staged, 0, 0, static_cast<uint32_t>(a.num_tokens), blockIdx.x * uint64_t{blockDim.x} + threadIdx.x,
                  uint64_t{gridDim.x} * blockDim.x);
     const uint32_t routes = static_cast<uint32_t>(a.num_tokens) * static_cast<uint32_t>(a.problem.top_k);
@@ -29,7 +29,7 @@ __global__ void send_routes(const DispatchArgs a, const StagedInputs staged) {
   // The staged inputs and the indices scattered to peers, system-wide before the last block's barrier
   // releases them.
   __threadfence_system();
-  if (device::last_block_to_finish(control) && !timed_out) publish_counts(a);
+  if (device::last_block_to_finish(control) && !failed) publish_counts(a);
 }
 
 // Dynamic shared memory: (experts_per_rank * num_ranks + 1) u32. The launch bounds hold the
@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kPullThreads) pull(const DispatchArgs a) {
   extern __shared__ uint32_t segment_begin[];
   wait_for_prior_kernels();
   allow_next_kernel();
-  if (device::rank_timed_out(a.layout.control_block(a.view.local()))) return;
+  if (device::cta_call_failed(a.layout.control_block(a.view.local()))) return;
   build_segments(a, segment_begin, threadIdx.x, blockDim.x, [] { __syncthreads(); }, blockIdx.x == 0);
   const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
   const PoolSegments segments{segment_begin, a.layout.experts_per_rank * num_ranks, num_ranks};

@@ -5,6 +5,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 
 #include "kernels/combine/combine.cuh"
 #include "kernels/dispatch/dispatch.cuh"
@@ -34,16 +36,26 @@ struct FusedLaunch {
   combine::CombineArgs combine;
   UnitPlan plan;
   bool overlapped_launch = false;  // launched while the stream's previous kernel runs
+  // Launched right after this call's front-ring producers, to start while they run and wait for their
+  // chunks through the ring (FusedParams::ring_synchronized).
+  bool ring_synchronized = false;
   FusedTraceEvent* trace = nullptr;  // CallOptions::trace, or none
 };
 
+// A launch made ready: every check passed, the jobs' TMA descriptors made, the kernel's attributes
+// set; calling it only launches the kernel on the stream it is given. A caller that launches other
+// kernels first which must not run unless this one does (streamed_mega_moe's producers) prepares it
+// before them.
+using PreparedLaunch = std::function<void(cudaStream_t)>;
+PreparedLaunch prepare(const FusedLaunch& launch, int grid);
 void launch(const FusedLaunch& launch, int grid, cudaStream_t stream);
 
 namespace detail {
-// One translation unit per recipe instantiates its kernels (fused_fp8.cu, fused_fp8_fp4.cu, fused_bf16.cu).
-void fp8(const FusedLaunch&, int, cudaStream_t);
-void fp8_fp4(const FusedLaunch&, int, cudaStream_t);
-void bf16(const FusedLaunch&, int, cudaStream_t);
+// One translation unit per recipe instantiates its kernels (fused_fp8.cu, fused_fp8_fp4.cu, fused_bf16.cu):
+// the launch made on `now` at once (returning nothing), or made ready and returned.
+PreparedLaunch fp8(const FusedLaunch&, int grid, std::optional<cudaStream_t> now);
+PreparedLaunch fp8_fp4(const FusedLaunch&, int grid, std::optional<cudaStream_t> now);
+PreparedLaunch bf16(const FusedLaunch&, int grid, std::optional<cudaStream_t> now);
 }  // namespace detail
 
 }  // namespace megamoe::fused

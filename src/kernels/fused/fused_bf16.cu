@@ -4,8 +4,8 @@
 
 namespace megamoe::fused::detail {
 
-void bf16(const FusedLaunch& launch, int grid, cudaStream_t stream) {
-  launch_policy<gemm::Bf16Policy>(launch, grid, stream);
+PreparedLaunch bf16(const FusedLaunch& launch, int grid, std::optional<cudaStream_t> now) {
+  return launch_or_prepare<gemm::Bf16Policy>(launch, grid, now);
 }
 
 }  // namespace megamoe::fused::detail

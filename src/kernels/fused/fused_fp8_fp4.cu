@@ -4,8 +4,8 @@
 
 namespace megamoe::fused::detail {
 
-void fp8_fp4(const FusedLaunch& launch, int grid, cudaStream_t stream) {
-  launch_policy<gemm::Fp8Fp4Policy>(launch, grid, stream);
+PreparedLaunch fp8_fp4(const FusedLaunch& launch, int grid, std::optional<cudaStream_t> now) {
+  return launch_or_prepare<gemm::Fp8Fp4Policy>(launch, grid, now);
 }
 
 }  // namespace megamoe::fused::detail

@@ -4,8 +4,13 @@
 //
 //   send       a range of this rank's tokens: copy their inputs into the buffer, count their routes per
 //              expert, scatter `token * top_k + k` to the owners (kernels/dispatch); the last one to
-//              finish sends the counts and arrives on the cross-rank barrier
-//   pull       a range of received pool rows, once every rank's counts are in
+//              finish sends the counts and arrives on the cross-rank barrier. A streamed call
+//              (inputs from the front ring) only copies the inputs, from this rank's ring
+//   route      streamed calls only, route_parts per source rank: a part of the source's chunk of this
+//              call read from its front ring, its routes to this rank's experts indexed here, the
+//              source's counts published by its last part (the owner reads the routes itself: no
+//              scatter, no count exchange, no barrier)
+//   pull       a range of received pool rows, once every rank's counts (or every route unit) are in
 //   shared_l1  the shared experts' L1 tiles: they need only this rank's staged inputs, and keep the
 //              tensor cores busy while the pulls run
 //   routed_l1  L1 tiles of the local experts, each once its expert's rows are pulled
@@ -33,14 +38,14 @@
 
 namespace megamoe::fused {
 
-// What a CTA's shared-memory tables hold (fused_layer.cuh): global experts (a send unit's counts),
+// What a CTA's shared-memory tables hold (scheduler.cuh): global experts (a send unit's counts),
 // local experts x ranks (a pull unit's segments), local experts (the tile tables).
 inline constexpr uint32_t kMaxExperts = 1023;
 inline constexpr uint32_t kMaxSegments = 1023;
 inline constexpr uint32_t kMaxLocalExperts = 256;
 
 // The values are the event log's kind codes (tools/plot_trace.py); the claim order is classify's.
-enum class UnitKind : uint32_t { send, pull, shared_l1, routed_l1, routed_l2, shared_l2, combine, none };
+enum class UnitKind : uint32_t { send, pull, shared_l1, routed_l1, routed_l2, shared_l2, combine, none, route };
 
 // The unit counts the host knows from this rank's call.
 struct UnitPlan {
@@ -108,16 +113,50 @@ struct UnitRef {
   uint32_t index;  // within its kind
 };
 
-MEGAMOE_HD uint32_t first_routed_unit(const UnitPlan& plan) {
-  return plan.send_units + plan.pull_units + plan.shared_l1_units;
+// A streamed call's route units: each source rank's call (at most max_routes = wave_tokens x top_k
+// routes) is indexed in `parts` parts of `routes_per_part` routes, by as many units, on as many CTAs
+// (one unit's 96 dispatch threads would read a whole call alone: 65536 ids at 8192 tokens x top-8).
+inline constexpr uint32_t kRoutesPerRoutePart = 128;
+inline constexpr uint32_t kMaxRouteParts = 16;
+struct RouteParts {
+  uint32_t parts = 1;
+  uint32_t routes_per_part = 1;
+  // The parts that hold some of a call's `routes` (at least one: it publishes the source's counts).
+  MEGAMOE_HD uint32_t with_routes(uint32_t routes) const {
+    const uint32_t used = (routes + routes_per_part - 1) / routes_per_part;
+    return used > 1 ? used : 1;
+  }
+};
+MEGAMOE_HD RouteParts route_parts(uint32_t max_routes) {
+  uint32_t parts = (max_routes + kRoutesPerRoutePart - 1) / kRoutesPerRoutePart;
+  parts = parts < 1 ? 1 : (parts > kMaxRouteParts ? kMaxRouteParts : parts);
+  const uint32_t per_part = (max_routes + parts - 1) / parts;
+  return {parts, per_part > 1 ? per_part : 1};
 }
 
-MEGAMOE_HD uint32_t total_units(const UnitPlan& plan, const RoutedUnits& routed) {
-  return first_routed_unit(plan) + routed.l1 + routed.l2 + plan.shared_l2_units + plan.combine_units;
+// kStreamed: a streamed call's kernel, whose `route_units` (route_parts per source rank, part-major)
+// follow the send units; the batch kernel classifies as before streamed calls existed (a flag of the kernel, not a
+// field of the plan, so that the batch kernels' code stays as it was).
+template <bool kStreamed = false>
+MEGAMOE_HD uint32_t first_routed_unit(const UnitPlan& plan, uint32_t route_units = 0) {
+  return plan.send_units + (kStreamed ? route_units : 0u) + plan.pull_units + plan.shared_l1_units;
+}
+
+template <bool kStreamed = false>
+MEGAMOE_HD uint32_t total_units(const UnitPlan& plan, const RoutedUnits& routed, uint32_t route_units = 0) {
+  return first_routed_unit<kStreamed>(plan, route_units) + routed.l1 + routed.l2 + plan.shared_l2_units +
+         plan.combine_units;
 }
 
 // Which unit `unit` is. Below first_routed_unit(plan) `routed` is not read.
-MEGAMOE_HD UnitRef classify(const UnitPlan& plan, const RoutedUnits& routed, uint32_t unit) {
+template <bool kStreamed = false>
+MEGAMOE_HD UnitRef classify(const UnitPlan& plan, const RoutedUnits& routed, uint32_t unit, uint32_t route_units = 0) {
+  if constexpr (kStreamed) {
+    if (unit >= plan.send_units) {
+      if (unit - plan.send_units < route_units) return {UnitKind::route, unit - plan.send_units};
+      unit -= route_units;  // the rest as in a batch call
+    }
+  }
   const UnitKind order[] = {UnitKind::send,      UnitKind::pull,      UnitKind::shared_l1, UnitKind::routed_l1,
                             UnitKind::shared_l2, UnitKind::routed_l2, UnitKind::combine};
   const uint32_t counts[] = {plan.send_units,       plan.pull_units, plan.shared_l1_units, routed.l1,
@@ -139,6 +178,18 @@ MEGAMOE_HD UnitRange unit_range(uint32_t index, uint32_t per_unit, uint32_t coun
   const uint64_t begin = uint64_t{index} * per_unit;
   const uint64_t end = begin + per_unit;
   return {static_cast<uint32_t>(begin < count ? begin : count), static_cast<uint32_t>(end < count ? end : count)};
+}
+
+// A streamed call's routes [begin, end) (a route part's: unit_range of RouteParts::routes_per_part) lie
+// in its chunks [first, end) of `chunk_routes` routes each (none for no routes), chunk c holding
+// routes_in_chunk(routes, c, chunk_routes) of them.
+MEGAMOE_HD UnitRange chunks_holding(UnitRange routes, uint32_t chunk_routes) {
+  if (routes.begin >= routes.end) return {0, 0};
+  return {routes.begin / chunk_routes, (routes.end - 1) / chunk_routes + 1};
+}
+MEGAMOE_HD UnitRange routes_in_chunk(UnitRange routes, uint32_t chunk, uint32_t chunk_routes) {
+  const uint32_t first = chunk * chunk_routes, last = first + chunk_routes;
+  return {routes.begin > first ? routes.begin : first, routes.end < last ? routes.end : last};
 }
 
 // Rows [begin, end) of pull unit `index` of `units` over `rows` received rows: contiguous, expert-major,

@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
   init_pipeline<Config>(smem, thread);
   wait_for_prior_kernels();
   allow_next_kernel();
-  if (first.watch.control != nullptr && device::rank_timed_out(first.watch.control)) return;
+  if (first.watch.control != nullptr && device::cta_call_failed(first.watch.control)) return;
 
   TileScheduler<Config::kBlockN> scheduler;
   const bool two_jobs = jobs.num_jobs > 1;

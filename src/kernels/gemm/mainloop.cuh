@@ -122,12 +122,13 @@ __device__ __forceinline__ float4 tile_weight_scales(const MainloopArgs& args, c
 
 // Loads work unit `index` (its K blocks' stages) into the ring: one thread. on_claim(stage) runs once
 // the unit's first stage is free, before the walkers learn of the unit: what it writes beside the
-// unit slot, they read with it.
+// unit slot, they read with it. False when a stage was not freed in time (a timeout, recorded): the
+// producer then issues nothing more, not even the end.
 struct NoClaimWork {
   __device__ void operator()(uint32_t) const {}
 };
 template <class Config, class Epilogue, class OnClaim = NoClaimWork>
-__device__ __forceinline__ void issue_unit(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
+__device__ __forceinline__ bool issue_unit(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
                                            const GemmJob<Epilogue>& job, const WorkUnit& unit, uint32_t index,
                                            const OnClaim& on_claim = {}) {
   const Tile& tile = unit.tile;
@@ -148,7 +149,9 @@ __device__ __forceinline__ void issue_unit(const SharedStorage<Config>& smem, Ri
     // Loaded before the wait for a free stage, which hides their latency.
     [[maybe_unused]] float4 block_scales;
     if constexpr (Config::kStageWeightScales) block_scales = tile_weight_scales<Config>(args, tile, kb);
-    wait_barrier<Config, true>(smem.empty(ring.stage), ring.phase ^ 1, args.watch, ring.stage);
+    // A stage not freed in time (recorded): the math warps stopped walking the ring, so nothing more
+    // is issued; waiting again for every later stage would take two timeouts each.
+    if (!wait_barrier<Config, true>(smem.empty(ring.stage), ring.phase ^ 1, args.watch, ring.stage)) return false;
     // Stored before the arrival below, which releases them to the math warps with the stage's bytes.
     if constexpr (Config::kStageWeightScales) *smem.weight_scales(ring.stage) = block_scales;
     if (kb == unit.k_blocks.begin) {
@@ -196,6 +199,7 @@ __device__ __forceinline__ void issue_unit(const SharedStorage<Config>& smem, Ri
     }
     ring.advance();
   }
+  return true;
 }
 
 // Fills the ring's next stage with no bytes and `index` in its unit slot: the last stage of a
@@ -221,7 +225,7 @@ __device__ void produce(const SharedStorage<Config>& smem, const TileScheduler<C
   uint32_t group_cursor = 0;
   for (uint32_t index = claims.first(); index < claims.num_units; index = claims.next(index)) {
     const WorkUnit unit = scheduler.unit(index, group_cursor);
-    issue_unit<Config>(smem, ring, jobs.job[unit.tile.job], unit, index);
+    if (!issue_unit<Config>(smem, ring, jobs.job[unit.tile.job], unit, index)) return;
   }
   // The end: a stage with no bytes whose slot says so.
   issue_empty_stage<Config>(smem, ring, kNoUnit, jobs.job[0].args.watch);

@@ -299,7 +299,7 @@ __device__ __forceinline__ bool wait_barrier(uint64_t* barrier, uint32_t parity,
   uint32_t polls = 0;
   while (!poll()) {
     if (watch.control == nullptr || ++polls % kPollsPerCheck != 0) continue;
-    if (!kHandOver && device::rank_timed_out(watch.control)) return false;
+    if (!kHandOver && device::rank_call_failed(watch.control)) return false;
     // Twice the communication timeout: in the fused schedule the ring waits behind the producer,
     // whose own waits (for other CTAs and ranks, one timeout each) must fire first and name the cause.
     if (global_timer_ns() - start > 2 * watch.timeout_ns) {

@@ -13,8 +13,10 @@
 namespace megamoe {
 namespace {
 
-// One 1x128 block by one warp: lane l converts values 4l..4l+3.
-__device__ void quantize_block(const uint2* x, uint32_t* x_out, float* x_scale) {
+// One 1x128 block by one warp: lane l converts values 4l..4l+3. Written to x_out and x_scale, and to
+// also_out and also_scale unless they are null.
+__device__ void quantize_block(const uint2* x, uint32_t* x_out, float* x_scale, uint32_t* also_out = nullptr,
+                               float* also_scale = nullptr) {
   const uint32_t lane = threadIdx.x % 32;
   const uint2 bits = x[lane];
   const uint16_t halves[4] = {static_cast<uint16_t>(bits.x), static_cast<uint16_t>(bits.x >> 16),
@@ -34,6 +36,10 @@ __device__ void quantize_block(const uint2* x, uint32_t* x_out, float* x_scale) 
   for (int i = 0; i < 4; ++i) codes |= uint32_t{quantizer.quantize(values[i])} << (8 * i);
   x_out[lane] = codes;
   if (lane == 0) *x_scale = quantizer.scale;
+  if (also_out != nullptr) {
+    also_out[lane] = codes;
+    if (lane == 0) *also_scale = quantizer.scale;
+  }
 }
 
 __global__ void quantize_activations_kernel(const uint2* x, uint64_t blocks, uint32_t* x_out, float* x_scales) {
@@ -44,12 +50,16 @@ __global__ void quantize_activations_kernel(const uint2* x, uint64_t blocks, uin
 }
 
 // The layout half published chunk by chunk into the front ring: a part is kRingPartTokens tokens of one
-// chunk. fp8 recipes quantize each 1x128 block into the slot; bf16 copies the rows as they are.
+// chunk. fp8 recipes quantize each 1x128 block into the slot; bf16 copies the rows as they are. With
+// own_x (a problem with shared experts), each row and its scales also go to the buffer's x and
+// x_scales regions at the token's row, where this rank's shared experts read them in a streamed call:
+// written once here rather than copied out of the ring by the layer.
 constexpr uint32_t kRingPartTokens = 4;
 constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kThreads) quantize_activations_ring_kernel(const uint2* x, uint32_t hidden,
-                                                                             const device::FrontProducer p) {
+                                                                             const device::FrontProducer p,
+                                                                             uint8_t* own_x, float* own_scales) {
   const uint32_t blocks_per_token = hidden / kScaleBlock;
   device::front_produce(p, [&](uint32_t slot, const FrontSlotMeta& meta, uint32_t begin, uint32_t end) {
     uint8_t* slot_x = p.ring.slot_x(p.own_ring, slot);
@@ -57,15 +67,21 @@ __global__ void __launch_bounds__(kThreads) quantize_activations_ring_kernel(con
       const uint32_t vectors_per_token = p.ring.row_bytes / 16;  // BF16 rows: 16-byte copies
       const uint4* in = reinterpret_cast<const uint4*>(x) + uint64_t{meta.token_base} * vectors_per_token;
       uint4* out = reinterpret_cast<uint4*>(slot_x);
+      uint4* own = own_x != nullptr ? reinterpret_cast<uint4*>(own_x) + uint64_t{meta.token_base} * vectors_per_token
+                                    : nullptr;
       for (uint32_t v = begin * vectors_per_token + threadIdx.x; v < end * vectors_per_token; v += kThreads) {
-        out[v] = in[v];
+        const uint4 value = in[v];
+        out[v] = value;
+        if (own != nullptr) own[v] = value;
       }
       return;
     }
     float* slot_scales = p.ring.slot_x_scales(p.own_ring, slot);
+    const uint64_t first_block = uint64_t{meta.token_base} * blocks_per_token;
     for (uint32_t b = begin * blocks_per_token + threadIdx.x / 32; b < end * blocks_per_token; b += kThreads / 32) {
-      quantize_block(x + (uint64_t{meta.token_base} * blocks_per_token + b) * 32,
-                     reinterpret_cast<uint32_t*>(slot_x) + uint64_t{b} * 32, slot_scales + b);
+      quantize_block(x + (first_block + b) * 32, reinterpret_cast<uint32_t*>(slot_x) + uint64_t{b} * 32, slot_scales + b,
+                     own_x != nullptr ? reinterpret_cast<uint32_t*>(own_x) + (first_block + b) * 32 : nullptr,
+                     own_x != nullptr ? own_scales + first_block + b : nullptr);
     }
   });
 }
@@ -112,13 +128,20 @@ void quantize_activations(const TensorView& x, SymmBuffer& buffer, cudaStream_t 
   require(reinterpret_cast<uintptr_t>(x.data) % 16 == 0, "x", "must start on a 16-byte boundary");
   const device::FrontProducer ring =
       device::make_front_producer(buffer, FrontHalf::layout, tokens, kRingPartTokens, "x");
+  // A streamed call's shared experts read this rank's rows from the buffer's regions (a buffer whose
+  // wave holds every token: the ones streamed calls take, CallOptions::streamed).
+  const BufferLayout& l = buffer.layout();
+  const bool own_rows = p.num_shared_experts > 0 && tokens_per_wave(p) >= p.max_tokens_per_rank;
+  uint8_t* own_x = own_rows ? BufferLayout::at<uint8_t>(buffer.local(), l.x) : nullptr;
+  float* own_scales = own_rows && p.recipe != Recipe::bf16 ? BufferLayout::at<float>(buffer.local(), l.x_scales) : nullptr;
   // Even a call with no tokens publishes its one empty chunk.
   quantize_activations_ring_kernel<<<device::front_producer_grid(ring, static_cast<uint32_t>(
                                                                             buffer.comm().sm_budget()) * 8),
                                      kThreads, 0, stream>>>(static_cast<const uint2*>(x.data),
-                                                            static_cast<uint32_t>(p.hidden), ring);
+                                                            static_cast<uint32_t>(p.hidden), ring, own_x, own_scales);
   const cudaError_t status = cudaGetLastError();
   require(status == cudaSuccess, "quantize_activations", "launch failed: ", cudaGetErrorString(status));
+  ++buffer.front_calls().layout;
 }
 
 }  // namespace megamoe

@@ -6,9 +6,12 @@
 
 #include <cmath>
 
+#include "kernels/overlapped_launch.cuh"
+#include "kernels/producers/producer_checks.h"
+#include "kernels/producers/streamed_producers.h"
+#include "kernels/streaming/ring_producer.cuh"
 #include "megamoe/config.h"
 #include "megamoe/error.h"
-#include "kernels/streaming/ring_producer.cuh"
 #include "megamoe/producers.h"
 
 namespace megamoe {
@@ -188,6 +191,9 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) route_tokens_ring_kernel(
                                                                               const device::FrontProducer p) {
   __shared__ float block_choices[kWarpsPerBlock][kMaxRouterExperts];
   device::front_produce(p, [&](uint32_t slot, const FrontSlotMeta& meta, uint32_t begin, uint32_t end) {
+    // Launched overlapped (detail::route_tokens), the logits kernel may still run: its logits are
+    // read only after it has completed. (Once it has, the call returns at once.)
+    wait_for_prior_kernels();
     for (uint32_t t = begin + threadIdx.x / 32; t < end; t += kWarpsPerBlock) {
       route_token<kPerLane>(a, static_cast<int32_t>(meta.token_base + t), block_choices[threadIdx.x / 32],
                             p.ring.slot_topk_idx(p.own_ring, slot) + t * p.ring.top_k,
@@ -196,32 +202,42 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) route_tokens_ring_kernel(
   });
 }
 
-// ring: null for the batch outputs in `a`.
+// ring: null for the batch outputs in `a`. overlapped: the ring form as a programmatic dependent.
 template <int kPerLane>
-void launch(const RouteArgs& a, const device::FrontProducer* ring, uint32_t ring_grid, cudaStream_t stream) {
-  if (ring != nullptr) {
-    route_tokens_ring_kernel<kPerLane><<<ring_grid, 32 * kWarpsPerBlock, 0, stream>>>(a, *ring);
-    return;
-  }
+cudaError_t launch(const RouteArgs& a, const device::FrontProducer* ring, uint32_t ring_grid, cudaStream_t stream,
+                   bool overlapped) {
+  if (ring != nullptr)
+    return launch_kernel(route_tokens_ring_kernel<kPerLane>, dim3(ring_grid), dim3(32 * kWarpsPerBlock), 0, stream,
+                         overlapped, a, *ring);
   const int32_t blocks = (a.tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
   route_tokens_kernel<kPerLane><<<blocks < 65536 ? blocks : 65536, 32 * kWarpsPerBlock, 0, stream>>>(a);
+  return cudaGetLastError();
 }
 
 void launch(const RouteArgs& a, const RouterConfig& config, const device::FrontProducer* ring, uint32_t ring_grid,
-            cudaStream_t stream) {
+            cudaStream_t stream, bool overlapped = false) {
   const int32_t per_lane = (config.num_experts + 31) / 32;
-  if (per_lane <= 1) launch<1>(a, ring, ring_grid, stream);
-  else if (per_lane <= 2) launch<2>(a, ring, ring_grid, stream);
-  else if (per_lane <= 4) launch<4>(a, ring, ring_grid, stream);
-  else if (per_lane <= 8) launch<8>(a, ring, ring_grid, stream);
-  else if (per_lane <= 16) launch<16>(a, ring, ring_grid, stream);
-  else launch<32>(a, ring, ring_grid, stream);
-  const cudaError_t status = cudaGetLastError();
+  cudaError_t status;
+  if (per_lane <= 1) status = launch<1>(a, ring, ring_grid, stream, overlapped);
+  else if (per_lane <= 2) status = launch<2>(a, ring, ring_grid, stream, overlapped);
+  else if (per_lane <= 4) status = launch<4>(a, ring, ring_grid, stream, overlapped);
+  else if (per_lane <= 8) status = launch<8>(a, ring, ring_grid, stream, overlapped);
+  else if (per_lane <= 16) status = launch<16>(a, ring, ring_grid, stream, overlapped);
+  else status = launch<32>(a, ring, ring_grid, stream, overlapped);
   require(status == cudaSuccess, "route_tokens", "launch failed: ", cudaGetErrorString(status));
 }
 
-// The arguments' checks shared by both forms; returns the token count.
-int64_t check_route_arguments(const RouterConfig& config, const TensorView& logits, const TensorView& bias) {
+RouteArgs route_args(const RouterConfig& config, const TensorView& logits, const TensorView& bias, int64_t tokens,
+                     int32_t* topk_idx, float* topk_weights) {
+  return RouteArgs{logits.as<float>(), bias.empty() ? nullptr : bias.as<float>(), topk_idx, topk_weights,
+                   static_cast<int32_t>(tokens), config.num_experts, config.top_k,
+                   config.num_groups, config.topk_groups, config.scoring == RouterScoring::sigmoid,
+                   config.normalize, config.routed_scaling};
+}
+
+}  // namespace
+
+int64_t detail::check_route_arguments(const RouterConfig& config, const TensorView& logits, const TensorView& bias) {
   validate(config);
   require(config.num_experts <= kMaxRouterExperts, "num_experts", "must be at most ", kMaxRouterExperts,
           " on the device (one warp per token), got ", config.num_experts);
@@ -237,19 +253,9 @@ int64_t check_route_arguments(const RouterConfig& config, const TensorView& logi
   return tokens;
 }
 
-RouteArgs route_args(const RouterConfig& config, const TensorView& logits, const TensorView& bias, int64_t tokens,
-                     int32_t* topk_idx, float* topk_weights) {
-  return RouteArgs{logits.as<float>(), bias.empty() ? nullptr : bias.as<float>(), topk_idx, topk_weights,
-                   static_cast<int32_t>(tokens), config.num_experts, config.top_k,
-                   config.num_groups, config.topk_groups, config.scoring == RouterScoring::sigmoid,
-                   config.normalize, config.routed_scaling};
-}
-
-}  // namespace
-
 void route_tokens(const RouterConfig& config, const TensorView& logits, const TensorView& bias,
                   const TensorView& topk_idx, const TensorView& topk_weights, cudaStream_t stream) {
-  const int64_t tokens = check_route_arguments(config, logits, bias);
+  const int64_t tokens = detail::check_route_arguments(config, logits, bias);
   check_tensor(topk_idx, "topk_idx", DType::i32, {tokens, config.top_k}, Device::cuda);
   check_tensor(topk_weights, "topk_weights", DType::f32, {tokens, config.top_k}, Device::cuda);
   if (tokens == 0) return;
@@ -259,7 +265,12 @@ void route_tokens(const RouterConfig& config, const TensorView& logits, const Te
 
 void route_tokens(const RouterConfig& config, const TensorView& logits, const TensorView& bias, SymmBuffer& buffer,
                   cudaStream_t stream) {
-  const int64_t tokens = check_route_arguments(config, logits, bias);
+  detail::route_tokens(config, logits, bias, buffer, stream, false);
+}
+
+void detail::route_tokens(const RouterConfig& config, const TensorView& logits, const TensorView& bias,
+                          SymmBuffer& buffer, cudaStream_t stream, bool overlapped) {
+  const int64_t tokens = detail::check_route_arguments(config, logits, bias);
   const Problem& p = buffer.problem();
   require(config.num_experts == p.num_experts && config.top_k == p.top_k, "config",
           "routes to ", config.num_experts, " experts, top-", config.top_k, "; the buffer's problem has ",
@@ -268,7 +279,8 @@ void route_tokens(const RouterConfig& config, const TensorView& logits, const Te
                                                                  kWarpsPerBlock * kRingTokensPerWarp, "logits");
   // Even a call with no tokens publishes its one empty chunk.
   launch(route_args(config, logits, bias, tokens, nullptr, nullptr), config, &ring,
-         device::front_producer_grid(ring, static_cast<uint32_t>(buffer.comm().sm_budget()) * 8), stream);
+         device::front_producer_grid(ring, static_cast<uint32_t>(buffer.comm().sm_budget()) * 8), stream, overlapped);
+  ++buffer.front_calls().route;
 }
 
 }  // namespace megamoe

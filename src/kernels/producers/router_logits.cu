@@ -9,6 +9,9 @@
 
 #include <cstdint>
 
+#include "kernels/overlapped_launch.cuh"
+#include "kernels/producers/producer_checks.h"
+#include "kernels/producers/streamed_producers.h"
 #include "megamoe/error.h"
 #include "megamoe/producers.h"
 
@@ -46,6 +49,8 @@ __global__ void __launch_bounds__(kFewThreads) router_logits_few_tokens_kernel(c
                                                                                const __nv_bfloat16* weight,
                                                                                float* logits, int32_t tokens,
                                                                                int32_t hidden, int32_t experts) {
+  // A streamed call's next producer may start now (detail::router_logits); its inputs predate the call.
+  allow_next_kernel();
   __shared__ float warp_sums[kFewThreads / 32][kFewTokens];
   const int32_t expert = static_cast<int32_t>(blockIdx.x);
   const int32_t pieces = hidden / 8;
@@ -84,6 +89,7 @@ __global__ void __launch_bounds__(kFewThreads) router_logits_few_tokens_kernel(c
 __global__ void __launch_bounds__(kThreads) router_logits_kernel(const __nv_bfloat16* x, const __nv_bfloat16* weight,
                                                                  float* logits, int32_t tokens, int32_t hidden,
                                                                  int32_t experts) {
+  allow_next_kernel();
   __shared__ __align__(128) __nv_bfloat16 tile_x[kTileTokens * kRowStride];
   __shared__ __align__(128) __nv_bfloat16 tile_w[kTileExperts * kRowStride];
   __shared__ __align__(128) float tile_out[kTileTokens * kTileExperts];
@@ -146,7 +152,7 @@ __global__ void __launch_bounds__(kThreads) router_logits_kernel(const __nv_bflo
 
 }  // namespace
 
-void router_logits(const TensorView& x, const TensorView& weight, const TensorView& logits, cudaStream_t stream) {
+void detail::check_router_logits(const TensorView& x, const TensorView& weight, const TensorView& logits) {
   require(x.ndim == 2, "x", "must have 2 dimensions [tokens, hidden], got ", x.ndim);
   require(weight.ndim == 2, "weight", "must have 2 dimensions [num_experts, hidden], got ", weight.ndim);
   const int64_t tokens = x.shape[0], hidden = x.shape[1], experts = weight.shape[0];
@@ -161,22 +167,28 @@ void router_logits(const TensorView& x, const TensorView& weight, const TensorVi
   check_tensor(x, "x", DType::bf16, {tokens, hidden}, Device::cuda);
   check_tensor(weight, "weight", DType::bf16, {experts, hidden}, Device::cuda);
   check_tensor(logits, "logits", DType::f32, {tokens, experts}, Device::cuda);
+}
+
+void router_logits(const TensorView& x, const TensorView& weight, const TensorView& logits, cudaStream_t stream) {
+  detail::router_logits(x, weight, logits, stream, false);
+}
+
+void detail::router_logits(const TensorView& x, const TensorView& weight, const TensorView& logits,
+                           cudaStream_t stream, bool overlapped) {
+  check_router_logits(x, weight, logits);
+  const int64_t tokens = x.shape[0], hidden = x.shape[1], experts = weight.shape[0];
   if (tokens == 0) return;
-  if (tokens <= kFewTokens) {
-    router_logits_few_tokens_kernel<<<static_cast<unsigned>(experts), kFewThreads, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(x.data), static_cast<const __nv_bfloat16*>(weight.data), logits.as<float>(),
-        static_cast<int32_t>(tokens), static_cast<int32_t>(hidden), static_cast<int32_t>(experts));
-    const cudaError_t status = cudaGetLastError();
-    require(status == cudaSuccess, "router_logits", "launch failed: ", cudaGetErrorString(status));
-    return;
-  }
-  const dim3 grid(static_cast<unsigned>((tokens + kTileTokens - 1) / kTileTokens),
-                  static_cast<unsigned>((experts + kTileExperts - 1) / kTileExperts));
-  router_logits_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(x.data),
-                                                      static_cast<const __nv_bfloat16*>(weight.data),
-                                                      logits.as<float>(), static_cast<int32_t>(tokens),
-                                                      static_cast<int32_t>(hidden), static_cast<int32_t>(experts));
-  const cudaError_t status = cudaGetLastError();
+  const auto* x_data = static_cast<const __nv_bfloat16*>(x.data);
+  const auto* weight_data = static_cast<const __nv_bfloat16*>(weight.data);
+  const auto t = static_cast<int32_t>(tokens), h = static_cast<int32_t>(hidden), e = static_cast<int32_t>(experts);
+  const cudaError_t status =
+      tokens <= kFewTokens
+          ? launch_kernel(router_logits_few_tokens_kernel, dim3(static_cast<unsigned>(experts)), dim3(kFewThreads), 0,
+                          stream, overlapped, x_data, weight_data, logits.as<float>(), t, h, e)
+          : launch_kernel(router_logits_kernel,
+                          dim3(static_cast<unsigned>((tokens + kTileTokens - 1) / kTileTokens),
+                               static_cast<unsigned>((experts + kTileExperts - 1) / kTileExperts)),
+                          dim3(kThreads), 0, stream, overlapped, x_data, weight_data, logits.as<float>(), t, h, e);
   require(status == cudaSuccess, "router_logits", "launch failed: ", cudaGetErrorString(status));
 }
 

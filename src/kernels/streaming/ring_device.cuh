@@ -44,10 +44,18 @@ MEGAMOE_DEVICE void* front_ring_of(const SymmView& view, const BufferLayout& lay
   return view.peers[rank] + layout.front_ring.offset;
 }
 
-// Returns result.ok(); a wait that gave up is recorded as this rank's kDeviceTimeout (first error
-// wins), with the wait site, the peer rank, and the generation expected and seen.
+// A front-ring wait's stop(): this rank's call has failed already (another wait gave up).
+struct StopOnFailure {
+  const ControlBlock* control;
+  MEGAMOE_DEVICE bool operator()() const { return rank_call_failed(control); }
+};
+
+// Returns result.ok(); a wait that timed out is recorded as this rank's kDeviceTimeout (first error
+// wins), with the wait site, the peer rank, and the generation expected and seen. One abandoned after
+// an earlier failure records nothing: that failure is the cause.
 MEGAMOE_DEVICE bool front_wait_ok(const SymmView& view, ControlBlock* control, const FrontWaitResult& result) {
   if (result.ok()) return true;
+  if (result.abandoned) return false;
   DeviceError error{};
   error.code = kDeviceTimeout;
   error.site = front_wait_site(result.what);

@@ -11,12 +11,14 @@
 //                      metadata first)
 // and, after the block's last part, front_retire: the last block to retire advances the producer's
 // cursor, so that every block has read the call's first sequence number (front_first_seq) before it
-// moves.
+// moves. Every block first lets the stream's next kernel start (the layer launched to synchronize
+// through the ring, not by the producers' end; it never waits for this kernel otherwise).
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/comm/sync.cuh"
+#include "kernels/overlapped_launch.cuh"
 #include "kernels/streaming/ring_device.cuh"
 #include "megamoe/comm.h"
 #include "megamoe/error.h"
@@ -49,7 +51,8 @@ MEGAMOE_DEVICE bool front_claim_slot(const FrontProducer& p, uint64_t seq) {
   int free = 1;
   if (threadIdx.x == 0) {
     free = front_wait_ok(p.view, p.control,
-                         front_wait_slot_free<FrontRingAtomics>(p.ring, p.own_ring, seq, p.view.timeout_ns));
+                         front_wait_slot_free<FrontRingAtomics>(p.ring, p.own_ring, seq, p.view.timeout_ns,
+                                                                StopOnFailure{p.control}));
   }
   return __syncthreads_and(free) != 0;  // also orders the block's writes after thread 0's acquire
 }
@@ -81,6 +84,7 @@ MEGAMOE_DEVICE void front_retire(const FrontProducer& p, uint64_t first_seq) {
 // chunk's rows [begin, end) (end <= meta.valid; none in parts past it) into `slot`.
 template <typename WritePart>
 MEGAMOE_DEVICE void front_produce(const FrontProducer& p, const WritePart& write_part) {
+  allow_next_kernel();
   const uint64_t first_seq = front_first_seq(p);
   const uint32_t parts = p.parts_per_chunk();
   for (uint32_t item = blockIdx.x; item < p.items(); item += gridDim.x) {

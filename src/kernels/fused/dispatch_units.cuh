@@ -1,0 +1,286 @@
+// The fused kernel's dispatch warps: the send, route and pull units the producer hands them, with the
+// staged schedule's dispatch functions (kernels/dispatch).
+#pragma once
+
+#include "kernels/fused/scheduler.cuh"
+
+namespace megamoe::fused {
+
+// Pull rows in flight per lane of the dispatch warps (in prefill configs their 40 registers hold
+// four 16-byte vectors).
+inline constexpr int kDispatchPullUnroll = 4;
+
+// In the prefill config one dispatch thread stages a send unit's token rows with bulk copies through
+// the ring's shared memory (dispatch::stage_rows_bulk), while the other threads copy the scales and
+// route weights: the three warps' 16-byte vectors, about 6 KB in flight per SM, were latency-bound
+// on the rows (~100 µs for a 63-token unit of DeepSeek-V3). The ring is idle until the CTA's send
+// units are done: every GEMM unit and the producer's bulk pulls wait for all of this rank's sends.
+template <class Config>
+__device__ void stage_send_inputs(const FusedScheduler<Config>& s, const dispatch::StagedInputs& staged,
+                                  UnitRange tokens, uint32_t thread) {
+  const bool bulk = Config::kLayout == gemm::TileLayout::tokens_on_m && dispatch::bulk_stageable(staged.copies[0]);
+  if (bulk && thread == 0) {
+    static_assert(kPullAreaBytes<Config> >= kPullSegmentBytes + 2 * 1024, "the staging's bounce area");
+    dispatch::BounceArea bounce{s.smem.base + kPullSegmentBytes, kPullAreaBytes<Config> - kPullSegmentBytes,
+                                s.stage_loaded(), *s.stage_phases()};
+    dispatch::stage_rows_bulk(staged.copies[0], tokens.begin, tokens.end, bounce);
+    *s.stage_phases() = bounce.phases;
+  }
+  // One call, every thread (thread 0 after its bulk copies): each inlined copy of stage_inputs adds
+  // its three loops to the warps' code, which spilled more with a variable thread count.
+  dispatch::stage_inputs(staged, bulk ? 1 : 0, tokens.begin, tokens.end, thread, kDispatchThreads);
+}
+
+// One thread: waits until chunk `chunk` of source rank `source`'s call (whose first chunk is sequence
+// `first_seq` of the source's ring) is published, both halves; false after a timeout (recorded), or
+// at once when the rank's call has failed already.
+template <class Config>
+__device__ bool wait_call_chunk(const FusedScheduler<Config>& s, void* source_ring, uint32_t source,
+                                uint64_t first_seq, uint32_t chunk) {
+  const dispatch::DispatchArgs& a = s.params.dispatch;
+  const FrontWaitResult ready = front_wait_ready<device::FrontRingAtomics>(
+      a.ring, source_ring, source, first_seq + chunk, a.view.timeout_ns, device::StopOnFailure{s.control()});
+  return device::front_wait_ok(a.view, s.control(), ready);
+}
+
+// A streamed call's send unit: once the chunks holding this unit's tokens are published, their scales
+// staged for the shared experts. The layout producer wrote the rows and scales into the buffer's
+// regions as well as into the ring (quantize_activations); peers read the ring itself; nothing is
+// counted or scattered.
+template <class Config>
+__device__ void run_streamed_send(const FusedScheduler<Config>& s, UnitRange tokens, uint32_t thread) {
+  const dispatch::DispatchArgs& a = s.params.dispatch;
+  const FrontRingLayout& ring = a.ring;
+  const uint32_t rank = static_cast<uint32_t>(a.view.rank);
+  void* own_ring = a.view.local() + a.layout.front_ring.offset;
+  const uint64_t first_seq = *ring.consumer_cursor(own_ring, rank);
+  if (!group_flag(s.words(FusedTables::kDispatchFlag), thread, DispatchSync{}, [&] {
+        if (!wait_call_chunk(s, own_ring, rank, first_seq, 0)) return false;
+        // The first chunk says how many tokens the producers published: a call that says more waits
+        // for none past them (its route unit reports the difference).
+        const uint32_t published = ring.slot_meta(own_ring, front_slot(first_seq, ring.num_slots))->call_tokens;
+        const uint32_t end = tokens.end < published ? tokens.end : published;
+        for (uint32_t chunk = tokens.begin / ring.tokens_per_slot; chunk * ring.tokens_per_slot < end; ++chunk)
+          if (chunk > 0 && !wait_call_chunk(s, own_ring, rank, first_seq, chunk)) return false;
+        return true;
+      }))
+    return;
+  dispatch::stage_shared_scales(a, tokens.begin, tokens.end, thread, kDispatchThreads);
+  __threadfence();  // only this rank's shared experts read them
+  DispatchSync{}();
+  if (thread == 0) device::atomic_add_acq_rel_sys(&s.control()->fused_sends_done, 1u);
+}
+
+// A send unit: this unit's tokens' inputs into the buffer, their routes counted and scattered; the
+// last one to finish sends the counts and arrives on the cross-rank barrier.
+template <class Config>
+__device__ void run_send(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread) {
+  const dispatch::DispatchArgs& a = s.params.dispatch;
+  const UnitRange tokens = unit_range(index, s.plan().tokens_per_send, static_cast<uint32_t>(a.num_tokens));
+  if constexpr (Config::kStreamed) return run_streamed_send(s, tokens, thread);
+  stage_send_inputs(s, s.params.staged, tokens, thread);
+  DispatchSync{}();  // the scales the shared experts' copy reads are the ones just staged
+  dispatch::stage_shared_scales(a, tokens.begin, tokens.end, thread, kDispatchThreads);
+  const uint32_t top_k = static_cast<uint32_t>(a.problem.top_k);
+  dispatch::count_and_scatter(a, tokens.begin * top_k, tokens.end * top_k, s.dispatch_table(), thread,
+                              kDispatchThreads, DispatchSync{});
+  // Peers read the staged inputs and the scattered indices once the barrier is crossed.
+  __threadfence_system();
+  DispatchSync{}();
+  const bool last = group_flag(s.words(FusedTables::kDispatchFlag), thread, DispatchSync{}, [&] {
+    return device::atomic_add_acq_rel_sys(&s.control()->fused_sends_done, 1u) + 1 == s.plan().send_units;
+  });
+  if (!last) return;
+  dispatch::send_counts(a, thread, kDispatchThreads);
+  __threadfence_system();
+  DispatchSync{}();
+  if (thread == 0) device::rank_arrive(s.view(), s.control(), s.epoch(1));
+}
+
+// Whether two chunks' metadata agree in every field.
+__device__ __forceinline__ bool same_meta(const FrontSlotMeta& x, const FrontSlotMeta& y) {
+  return x.token_base == y.token_base && x.valid == y.valid && x.last == y.last && x.call_tokens == y.call_tokens;
+}
+
+// Records a streamed call's error `code` about source rank `source` (layout.h says what the other
+// fields hold for each code).
+template <class Config>
+__device__ void record_streamed_error(const FusedScheduler<Config>& s, uint32_t code, uint32_t source, uint32_t detail,
+                                      uint64_t expected, uint64_t seen, uint32_t choice) {
+  DeviceError error{};
+  error.code = code;
+  error.rank = static_cast<uint32_t>(s.view().rank);
+  error.block = blockIdx.x;
+  error.thread = threadIdx.x;
+  error.peer = source;
+  error.detail = detail;
+  error.expected = expected;
+  error.seen = seen;
+  error.choice = choice;
+  device::record_error(s.control(), error);
+}
+
+// Records that source rank `source`'s chunk `chunk` of a streamed call holds `seen` where its call's
+// first chunk makes it `want` (at_most: chunk 0's call is larger than the buffer holds). `choice`
+// says which: 1 at_most, 2 the first token and the call agree (the valid count or the last flag do
+// not), else 0.
+template <class Config>
+__device__ void record_chunk_out_of_step(const FusedScheduler<Config>& s, uint32_t source, uint32_t chunk,
+                                         const FrontSlotMeta& seen, const FrontSlotMeta& want, bool at_most) {
+  const uint64_t expected = uint64_t{want.token_base} << 32 | want.call_tokens;
+  const uint64_t found = uint64_t{seen.token_base} << 32 | seen.call_tokens;
+  record_streamed_error(s, kDeviceStreamedChunks, source, chunk, expected, found,
+                        at_most ? 1u : (expected == found ? 2u : 0u));
+}
+
+// A streamed call's route unit `index` (part index / num_ranks of source rank index % num_ranks). The
+// source's first chunk of this call (at this rank's consumer cursor) says how many tokens the call
+// has; the part's routes to this rank's experts are then indexed here (dispatch::index_ring_routes),
+// chunk by chunk, each once it is published (both halves: the pulls read its rows from the slot). The
+// source's last part to finish publishes its counts and counts the source done.
+template <class Config>
+__device__ void run_route(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread) {
+  const dispatch::DispatchArgs& a = s.params.dispatch;
+  const FrontRingLayout& ring = a.ring;
+  const uint32_t num_ranks = static_cast<uint32_t>(a.view.num_ranks);
+  const uint32_t source = index % num_ranks, part = index / num_ranks;
+  void* source_ring = device::front_ring_of(a.view, a.layout, static_cast<int32_t>(source));
+  const uint64_t first_seq = *ring.consumer_cursor(a.view.local() + a.layout.front_ring.offset, source);
+  const auto wait_chunk = [&](uint32_t chunk, FrontSlotMeta& meta) {
+    if (!group_flag(s.words(FusedTables::kDispatchFlag), thread, DispatchSync{},
+                    [&] { return wait_call_chunk(s, source_ring, source, first_seq, chunk); }))
+      return false;
+    meta = *ring.slot_meta(source_ring, front_slot(first_seq + chunk, ring.num_slots));
+    return true;
+  };
+  FrontSlotMeta first;
+  if (!wait_chunk(0, first)) return;
+  // Past the buffer's tokens the call would index past its tables and the ring.
+  const bool fits = first.call_tokens <= static_cast<uint32_t>(a.problem.max_tokens_per_rank);
+  const FrontSlotMeta want = front_chunk_meta(
+      fits ? first.call_tokens : static_cast<uint32_t>(a.problem.max_tokens_per_rank), ring.tokens_per_slot, 0);
+  const bool own_count =
+      source != static_cast<uint32_t>(a.view.rank) || first.call_tokens == static_cast<uint32_t>(a.num_tokens);
+  if (!fits || !same_meta(first, want) || !own_count) {
+    if (thread == 0 && part == 0 && own_count) record_chunk_out_of_step(s, source, 0, first, want, !fits);
+    if (thread == 0 && part == 0 && !own_count)
+      record_streamed_error(s, kDeviceStreamedTokens, source, 0, static_cast<uint64_t>(a.num_tokens),
+                            first.call_tokens, 0);
+    return;
+  }
+  const StreamedRouteCounters counters = s.streamed_routes();
+  if (thread == 0 && part == 0) counters.chunks[source] = front_chunk_count(first.call_tokens, ring.tokens_per_slot);
+  const uint32_t routes = first.call_tokens * ring.top_k;
+  const RouteParts plan = s.route_part_plan();
+  const uint32_t parts = plan.with_routes(routes);
+  if (part >= parts) return;  // none of this call's routes
+  const UnitRange mine = unit_range(part, plan.routes_per_part, routes);
+  const uint32_t chunk_routes = ring.tokens_per_slot * ring.top_k;
+  const UnitRange chunks = chunks_holding(mine, chunk_routes);
+  for (uint32_t chunk = chunks.begin; chunk < chunks.end; ++chunk) {
+    FrontSlotMeta meta = first;
+    if (chunk > 0) {
+      if (!wait_chunk(chunk, meta)) return;
+      const FrontSlotMeta in_step = front_chunk_meta(first.call_tokens, ring.tokens_per_slot, chunk);
+      if (!same_meta(meta, in_step)) {
+        if (thread == 0) record_chunk_out_of_step(s, source, chunk, meta, in_step, false);
+        return;
+      }
+    }
+    const UnitRange share = routes_in_chunk(mine, chunk, chunk_routes);
+    // The slot again rather than kept from the wait: a register more across the loop spilled more.
+    const int32_t* ids = ring.slot_topk_idx(source_ring, front_slot(first_seq + chunk, ring.num_slots));
+    dispatch::index_ring_routes(a, source, ids, chunk * chunk_routes, share.begin, share.end, counters.cursors,
+                                thread, kDispatchThreads);
+  }
+  __threadfence();  // the tables' entries and slots before the part's count
+  DispatchSync{}();
+  if (!group_flag(s.words(FusedTables::kDispatchFlag), thread, DispatchSync{}, [&] {
+        return device::GpuRef<uint32_t>(counters.parts_done[source]).fetch_add(1u, cuda::memory_order_acq_rel) + 1 ==
+               parts;
+      }))
+    return;
+  dispatch::publish_ring_counts(a, source, counters.cursors, thread, kDispatchThreads);
+  __threadfence();  // the counts before the source's count: this rank's pulls read them
+  DispatchSync{}();
+  if (thread == 0) device::GpuRef<uint32_t>(*counters.sources_done).fetch_add(1u, cuda::memory_order_release);
+}
+
+// The dispatch warps' start of pull unit `index`: once every rank's counts are in, the pool's segments
+// built in their table (published by the unit's builder when `publish`), and the unit's rows. False
+// after a timeout.
+template <class Config>
+__device__ bool start_dispatch_pull(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread, bool publish,
+                                    dispatch::PoolSegments& segments, UnitRange& rows) {
+  const dispatch::DispatchArgs& a = s.params.dispatch;
+  if (!group_flag(s.words(FusedTables::kDispatchFlag), thread, DispatchSync{}, [&] { return counts_in(s); }))
+    return false;
+  uint32_t* segment_begin = s.dispatch_table();
+  dispatch::build_segments(a, segment_begin, thread, kDispatchThreads, DispatchSync{}, publish);
+  const uint32_t num_ranks = static_cast<uint32_t>(a.problem.num_ranks);
+  segments = {segment_begin, a.layout.experts_per_rank * num_ranks, num_ranks};
+  rows = pull_rows(index, s.plan().pull_units, segment_begin[segments.num_segments]);
+  return true;
+}
+
+// A pull unit (at decode), by the dispatch warps: its share of the received rows into the pool, each
+// row counted for its expert.
+template <class Config>
+__device__ void run_dispatch_pull(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread, uint32_t lane) {
+  const dispatch::DispatchArgs& a = s.params.dispatch;
+  dispatch::PoolSegments segments;
+  UnitRange rows;
+  if (!start_dispatch_pull(s, index, thread, index == 0, segments, rows)) return;
+  const uint32_t num_ranks = segments.num_ranks;
+  uint32_t* rows_pulled = s.counters().rows_pulled;
+  constexpr uint32_t kWarps = kDispatchThreads / 32;
+  for (uint32_t row = rows.begin + thread / 32; row < rows.end; row += kWarps) {
+    dispatch::pull_row<Config::kStreamed, kDispatchPullUnroll>(a, segments, row, lane);
+    // The L1 tiles read the row through the async proxy once its expert's count is complete. The
+    // warp's stores are ordered before lane 0's release by the warp barrier.
+    __syncwarp();
+    if (lane == 0) {
+      cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
+      cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(rows_pulled[segments.find(row) / num_ranks])
+          .fetch_add(1, cuda::memory_order_release);
+    }
+  }
+}
+
+// A pull unit (bulk_pulls), by the dispatch warps: its rows' scales, route weights and sources into
+// the pool while the producer copies their bytes (run_pull), each row counted for its expert again.
+template <class Config>
+__device__ void run_pull_metadata(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread, uint32_t lane) {
+  const dispatch::DispatchArgs& a = s.params.dispatch;
+  dispatch::PoolSegments segments;
+  UnitRange rows;
+  if (!start_dispatch_pull(s, index, thread, false, segments, rows)) return;  // run_pull publishes
+  uint32_t* rows_pulled = s.counters().rows_pulled;
+  dispatch::pull_rows_metadata<Config::kStreamed>(
+      a, segments, rows.begin, rows.end, thread / 32, kDispatchThreads / 32, lane,
+      [&](uint32_t first, uint32_t count) { count_pulled_rows(rows_pulled, segments, first, count); });
+}
+
+// The dispatch warps: run the send, route and pull units the producer hands them, in order.
+template <class Config>
+__device__ void dispatch_fused(const FusedScheduler<Config>& s, uint32_t thread, uint32_t lane) {
+  gemm::RingPosition<kQueueSlots> queue;
+  const gemm::PipelineWatch& watch = s.params.l1[0].args.watch;
+  for (;;) {
+    // Only its own timeout ends this wait: then the slot may be unwritten, and the warps stop.
+    if (!gemm::wait_barrier<Config, true>(s.queue_full(queue.stage), queue.phase, watch, queue.stage)) return;
+    const uint32_t unit = *s.queue_slot(queue.stage);
+    if (unit == gemm::kNoUnit) return;
+    const UnitRef ref = s.classify(unit);
+    if (ref.kind == UnitKind::send) run_send(s, ref.index, thread);
+    else if (Config::kStreamed && ref.kind == UnitKind::route) run_route(s, ref.index, thread);
+    else if (kBulkPullConfig<Config> && s.plan().bulk_pulls) run_pull_metadata(s, ref.index, thread, lane);
+    else run_dispatch_pull(s, ref.index, thread, lane);
+    DispatchSync{}();  // the table and the slot are free again
+    if (thread == 0) trace_event(s, TraceRole::dispatch, unit, ref.kind, TraceWhat::done);
+    if (thread == 0) cuda::ptx::mbarrier_arrive(s.queue_empty(queue.stage));
+    queue.advance();
+  }
+}
+
+}  // namespace megamoe::fused
