@@ -94,6 +94,9 @@ struct RankMeasures {
   double streaming_batch_graph_us = kNaN;
   double streamed_graph_us = kNaN;
   double automatic_graph_us = kNaN;
+  // The same producers publishing into the ring as plain launches, then mega_moe with
+  // CallOptions::streamed after them: the streamed layer with nothing overlapped.
+  double streamed_serial_graph_us = kNaN;
   double baseline_us = kNaN;
   double diff_squares = kNaN;      // sum over this rank's y of (baseline - fused)^2
   double fused_squares = kNaN;     // sum of fused^2
@@ -244,6 +247,13 @@ class BatchProducers {
     return call;
   }
 
+  // The producers publishing `tokens` tokens into `buffer`'s front ring, one after the other.
+  void run_into_ring(int64_t tokens, SymmBuffer& buffer, cudaStream_t stream) const {
+    router_logits(x(tokens), router_weight(), logits(tokens), stream);
+    route_tokens(router_, logits(tokens), TensorView{}, buffer, stream);
+    quantize_activations(x(tokens), buffer, stream);
+  }
+
   // What run() writes, as the layer's inputs.
   LayerInputs outputs(int64_t tokens) const {
     const int64_t hidden = problem_.hidden, k = router_.top_k;
@@ -339,22 +349,34 @@ void call_layer(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeight
 
 // One more fused call with its event log (CallOptions::trace), written to DIR/trace-<tokens>-r<rank>.json:
 // {"tokens": T, "rank": R, "events": [[cta, unit, kind, what, ns], ...]} with ns from the first event.
+// With `ring_producers`, the call is streamed: they publish into the front ring, then the layer reads it
+// (CallOptions::streamed, nothing overlapped), its log written to DIR/trace-streamed-<tokens>-r<rank>.json.
 void write_trace(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
-                 cudaStream_t stream, const std::string& dir, int32_t rank) {
+                 cudaStream_t stream, const std::string& dir, int32_t rank,
+                 const BatchProducers* ring_producers = nullptr) {
   const int64_t bytes = fused_trace_bytes(buffer);
   DeviceArena memory;
   uint8_t* log = memory.allocate<uint8_t>(static_cast<uint64_t>(bytes), "bench: fused trace");
   MEGAMOE_CHECK_CUDA(cudaMemsetAsync(log, 0, static_cast<size_t>(bytes), stream));
   CallOptions options{Schedule::fused};
   options.trace = TensorView::contiguous(log, DType::u8, {bytes}, Device::cuda);
-  mega_moe(buffer, inputs, weights, y, stream, {}, options);
+  if (ring_producers != nullptr) {
+    ring_producers->run_into_ring(inputs.num_tokens, buffer, stream);
+    options.streamed = true;
+    LayerInputs streamed_in;
+    streamed_in.num_tokens = inputs.num_tokens;
+    mega_moe(buffer, streamed_in, weights, y, stream, {}, options);
+  } else {
+    mega_moe(buffer, inputs, weights, y, stream, {}, options);
+  }
   buffer.check_device_error(stream);
   std::vector<FusedTraceEvent> events(static_cast<size_t>(bytes) / sizeof(FusedTraceEvent));
   MEGAMOE_CHECK_CUDA(cudaMemcpy(events.data(), log, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost));
   uint64_t first = UINT64_MAX;
   for (const FusedTraceEvent& e : events)
     if (e.ns != 0) first = std::min(first, e.ns);
-  const std::string path = dir + "/trace-" + std::to_string(inputs.num_tokens) + "-r" + std::to_string(rank) + ".json";
+  const std::string path = dir + (ring_producers != nullptr ? "/trace-streamed-" : "/trace-") +
+                           std::to_string(inputs.num_tokens) + "-r" + std::to_string(rank) + ".json";
   FILE* file = std::fopen(path.c_str(), "w");
   require(file != nullptr, "--trace", "cannot write '", path, "'");
   std::fprintf(file, "{\"tokens\": %d, \"rank\": %d, \"events\": [", inputs.num_tokens, rank);
@@ -549,7 +571,15 @@ void bench_rank(Communicator& comm, const BenchData& data, const SharedArray<Ran
           streamed_mega_moe(buffer, producers->streamed_call(in.num_tokens, form), weights->view(), fused_out, stream);
         }));
       }
-      for (size_t g = graphs.size() - 3; g < graphs.size(); ++g) {
+      graphs.push_back(std::make_unique<CapturedCall>(stream, [&] {
+        producers->run_into_ring(in.num_tokens, buffer, stream);
+        CallOptions serial(Schedule::fused);
+        serial.streamed = true;
+        LayerInputs streamed_in;
+        streamed_in.num_tokens = in.num_tokens;
+        mega_moe(buffer, streamed_in, weights->view(), fused_out, stream, {}, serial);
+      }));
+      for (size_t g = graphs.size() - 4; g < graphs.size(); ++g) {
         cudaGraphExec_t exec = graphs[g]->exec;
         calls.push_back([&, exec] { MEGAMOE_CHECK_CUDA(cudaGraphLaunch(exec, stream)); });
       }
@@ -564,6 +594,7 @@ void bench_rank(Communicator& comm, const BenchData& data, const SharedArray<Ran
       m.streaming_batch_graph_us = medians[first_streaming_call];
       m.streamed_graph_us = medians[first_streaming_call + 1];
       m.automatic_graph_us = medians[first_streaming_call + 2];
+      m.streamed_serial_graph_us = medians[first_streaming_call + 3];
     }
     for (size_t i = 0; i < data.schedules.size(); ++i) {
       const size_t which = static_cast<size_t>(data.schedules[i]);
@@ -580,8 +611,11 @@ void bench_rank(Communicator& comm, const BenchData& data, const SharedArray<Ran
       call_layer(buffer, in, weights->view(), fused_out, stream, data.schedules.front());
       compare_outputs(fused_y, baseline_y, int64_t{in.num_tokens} * p.hidden, stream, m);
     }
-    if (!data.trace_dir.empty())
+    if (!data.trace_dir.empty()) {
       write_trace(buffer, in, weights->view(), fused_out, stream, data.trace_dir, rank);
+      if (data.streaming)
+        write_trace(buffer, in, weights->view(), fused_out, stream, data.trace_dir, rank, producers.get());
+    }
     measures[s * static_cast<size_t>(ranks) + static_cast<size_t>(rank)] = m;
     if (rank == 0) {
       std::fprintf(stderr, "bench: %d tokens/rank: rank 0 staged %.1f us, fused %.1f us, baseline %.1f us\n",
@@ -638,7 +672,8 @@ const char* bench_usage() {
          "             producer_fraction (their share of the end-to-end time); default off\n"
          "  --streaming on: also time the producers followed by the fused layer on their outputs (batch_us),\n"
          "             streamed_mega_moe reading them from the buffer's front ring (streamed_us) and in the\n"
-         "             form it picks for the row's tokens (call_form, streaming_us), as graphs, in the same\n"
+         "             form it picks for the row's tokens (call_form, streaming_us), and the ring producers then\n"
+         "             mega_moe(CallOptions::streamed), nothing overlapped (streamed_serial_us), as graphs, in the same\n"
          "             rounds; fused rows add chunk_tokens, and producer_fraction becomes their share of\n"
          "             batch_us. Implies --producers on; default off\n"
          "  --chunk-tokens a streamed call's chunk: the producers publish and the layer reads a rank's\n"
@@ -947,7 +982,7 @@ void run_bench(const BenchOptions& options) {
     for (Schedule schedule : options.schedules) {
       const size_t which = static_cast<size_t>(schedule);
       double us = 0, graph_us = 0, producers_us = 0, end_to_end_us = 0, batch_us = 0, streamed_us = 0,
-             streaming_us = 0;
+             streaming_us = 0, streamed_serial_us = 0;
       int64_t launches = 0;
       for (int32_t r = 0; r < ranks; ++r) {
         us = std::max(us, row[r].us[which]);
@@ -958,6 +993,7 @@ void run_bench(const BenchOptions& options) {
         batch_us = std::max(batch_us, row[r].streaming_batch_graph_us);
         streamed_us = std::max(streamed_us, row[r].streamed_graph_us);
         streaming_us = std::max(streaming_us, row[r].automatic_graph_us);
+        streamed_serial_us = std::max(streamed_serial_us, row[r].streamed_serial_graph_us);
       }
       const Rates rates = layer_rates(work, us, emulated);
       const double speedup = baseline_us / us;
@@ -1027,6 +1063,9 @@ void run_bench(const BenchOptions& options) {
           report.rows.back().push_back({"call_form", form});
           report.rows.back().push_back({"streaming_us", streaming_us});
           report.rows.back().push_back({"streaming_speedup", batch_us / streaming_us});
+          std::printf("%11s %-8s     | streamed, producers then layer (nothing overlapped): %.1f us\n", "", "",
+                      streamed_serial_us);
+          report.rows.back().push_back({"streamed_serial_us", streamed_serial_us});
         }
       }
     }
