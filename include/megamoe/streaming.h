@@ -83,6 +83,33 @@ MEGAMOE_HD FrontSlotMeta front_chunk_meta(uint32_t tokens, uint32_t tokens_per_s
   return meta;
 }
 
+// A producer launch's work over one call of `tokens` tokens (kernels/streaming/ring_producer.cuh):
+// each chunk cut into parts of `tokens_per_part` tokens, chunk-major, so that the first chunks are
+// published first. Only parts that hold tokens are items (a chunk with none, a call without tokens,
+// is one empty part, which publishes it): a call far smaller than the slot would otherwise launch a
+// block per empty part of the slot, each with its system-scope atomics.
+struct FrontProducerParts {
+  uint32_t tokens;
+  uint32_t tokens_per_slot;
+  uint32_t tokens_per_part;
+  MEGAMOE_HD uint32_t chunks() const { return front_chunk_count(tokens, tokens_per_slot); }
+  MEGAMOE_HD uint32_t full_chunk_parts() const { return (tokens_per_slot + tokens_per_part - 1) / tokens_per_part; }
+  MEGAMOE_HD uint32_t parts_in_chunk(uint32_t chunk) const {
+    const uint32_t valid = front_chunk_meta(tokens, tokens_per_slot, chunk).valid;
+    return valid == 0 ? 1u : (valid + tokens_per_part - 1) / tokens_per_part;
+  }
+  // Every chunk but the last is full, so item i is part i % full_chunk_parts() of chunk i / full_chunk_parts().
+  MEGAMOE_HD uint32_t items() const { return (chunks() - 1) * full_chunk_parts() + parts_in_chunk(chunks() - 1); }
+  MEGAMOE_HD uint32_t chunk_of(uint32_t item) const { return item / full_chunk_parts(); }
+  // Tokens [begin, end) of the item's chunk.
+  MEGAMOE_HD uint32_t part_begin(uint32_t item) const { return item % full_chunk_parts() * tokens_per_part; }
+  MEGAMOE_HD uint32_t part_end(uint32_t item) const {
+    const uint32_t valid = front_chunk_meta(tokens, tokens_per_slot, chunk_of(item)).valid;
+    const uint32_t end = part_begin(item) + tokens_per_part;
+    return end < valid ? end : valid;
+  }
+};
+
 // Layout of one rank's front ring. Offsets are relative to the front_ring region of BufferLayout;
 // sizes depend on the Problem but never on its rank.
 //

@@ -228,6 +228,40 @@ TEST(FrontRingSequence, ChunksOfACall) {
   EXPECT_EQ(meta.last, 1u);
 }
 
+// A producer's items cover every token of the call exactly once, chunk-major, and only parts that
+// hold tokens are items: a call of one token in a slot of 8192 is one item, not 2048.
+TEST(FrontRingSequence, ProducerPartsHoldTokens) {
+  const auto check = [](uint32_t tokens, uint32_t per_slot, uint32_t per_part, uint32_t want_items) {
+    const FrontProducerParts parts{tokens, per_slot, per_part};
+    ASSERT_EQ(parts.items(), want_items) << tokens << " tokens, slots of " << per_slot << ", parts of " << per_part;
+    std::vector<int> seen(tokens, 0);
+    uint32_t previous_chunk = 0;
+    std::vector<uint32_t> parts_seen(parts.chunks(), 0);
+    for (uint32_t item = 0; item < parts.items(); ++item) {
+      const uint32_t chunk = parts.chunk_of(item);
+      ASSERT_LT(chunk, parts.chunks());
+      EXPECT_GE(chunk, previous_chunk) << "chunk-major";
+      previous_chunk = chunk;
+      ++parts_seen[chunk];
+      const uint32_t begin = parts.part_begin(item), end = parts.part_end(item);
+      const FrontSlotMeta meta = front_chunk_meta(tokens, per_slot, chunk);
+      EXPECT_LE(end, meta.valid);
+      if (meta.valid > 0) EXPECT_LT(begin, end) << "item " << item << " holds no token";
+      for (uint32_t t = begin; t < end; ++t) ++seen[meta.token_base + t];
+    }
+    for (uint32_t t = 0; t < tokens; ++t) EXPECT_EQ(seen[t], 1) << "token " << t;
+    for (uint32_t chunk = 0; chunk < parts.chunks(); ++chunk)
+      EXPECT_EQ(parts_seen[chunk], parts.parts_in_chunk(chunk)) << "chunk " << chunk;
+  };
+  check(1, 8192, 4, 1);
+  check(0, 8192, 4, 1);   // the empty chunk is one part
+  check(12, 5, 2, 7);     // chunks of 5, 5, 2: parts 3 + 3 + 1
+  check(10, 5, 5, 2);
+  check(8192, 8192, 32, 256);
+  check(2048, 8192, 4, 512);
+  check(300, 256, 32, 8 + 2);
+}
+
 // A call's token t lives in ring row call_row(first_seq, t): its chunks take consecutive slots from
 // its first sequence's, and its rows wrap once at the ring's end.
 TEST(FrontRingSequence, CallRowsWrapAtTheRingsEnd) {

@@ -1,6 +1,7 @@
 // A producer's side of the front ring in a multi-block kernel (docs/streaming.md, "Protocol"): one
 // half (route or layout) of every chunk of this rank's call, each chunk cut into parts of a block's
-// work, taken chunk-major so that the first chunks are published first.
+// work, taken chunk-major so that the first chunks are published first (FrontProducerParts: only
+// parts that hold tokens).
 //
 // A producer kernel's blocks call front_produce with the writes of one part; per part it runs, in
 // order:
@@ -35,11 +36,9 @@ struct FrontProducer {
   uint32_t tokens;           // this rank's tokens in the call
   uint32_t tokens_per_part;  // a block's share of a chunk
 
-  MEGAMOE_HD uint32_t chunks() const { return front_chunk_count(tokens, ring.tokens_per_slot); }
-  MEGAMOE_HD uint32_t parts_per_chunk() const {
-    return (ring.tokens_per_slot + tokens_per_part - 1) / tokens_per_part;
-  }
-  MEGAMOE_HD uint32_t items() const { return chunks() * parts_per_chunk(); }
+  MEGAMOE_HD FrontProducerParts parts() const { return {tokens, ring.tokens_per_slot, tokens_per_part}; }
+  MEGAMOE_HD uint32_t chunks() const { return parts().chunks(); }
+  MEGAMOE_HD uint32_t items() const { return parts().items(); }
 };
 
 // The call's first sequence number: written only by this half's previous launch (stream order).
@@ -62,7 +61,7 @@ MEGAMOE_DEVICE void front_finish_part(const FrontProducer& p, uint64_t seq, uint
   if (threadIdx.x != 0) return;
   const uint32_t slot = front_slot(seq, p.ring.num_slots);
   uint32_t* parts_done = p.ring.slot_parts_done(p.own_ring, p.half, slot);
-  if (atomic_add_acq_rel_sys(parts_done, 1u) + 1 != p.parts_per_chunk()) return;
+  if (atomic_add_acq_rel_sys(parts_done, 1u) + 1 != p.parts().parts_in_chunk(chunk)) return;
   // Every part of the chunk has arrived, and no other chunk of the call takes this slot (a call
   // never wraps the ring): the count restarts for the slot's next generation.
   *parts_done = 0;
@@ -81,21 +80,18 @@ MEGAMOE_DEVICE void front_retire(const FrontProducer& p, uint64_t first_seq) {
 }
 
 // Every part of the call that falls to this block: write_part(slot, meta, begin, end) writes the
-// chunk's rows [begin, end) (end <= meta.valid; none in parts past it) into `slot`.
+// chunk's rows [begin, end) (end <= meta.valid; empty only in an empty chunk) into `slot`.
 template <typename WritePart>
 MEGAMOE_DEVICE void front_produce(const FrontProducer& p, const WritePart& write_part) {
   allow_next_kernel();
   const uint64_t first_seq = front_first_seq(p);
-  const uint32_t parts = p.parts_per_chunk();
-  for (uint32_t item = blockIdx.x; item < p.items(); item += gridDim.x) {
-    const uint32_t chunk = item / parts;
+  const FrontProducerParts parts = p.parts();
+  for (uint32_t item = blockIdx.x; item < parts.items(); item += gridDim.x) {
+    const uint32_t chunk = parts.chunk_of(item);
     const uint64_t seq = first_seq + chunk;
     if (!front_claim_slot(p, seq)) return;  // the error is recorded; the host resets the ring
     const FrontSlotMeta meta = front_chunk_meta(p.tokens, p.ring.tokens_per_slot, chunk);
-    const uint32_t begin = item % parts * p.tokens_per_part;
-    const uint32_t end = begin + p.tokens_per_part < meta.valid ? begin + p.tokens_per_part
-                                                                : (meta.valid > begin ? meta.valid : begin);
-    write_part(front_slot(seq, p.ring.num_slots), meta, begin, end);
+    write_part(front_slot(seq, p.ring.num_slots), meta, parts.part_begin(item), parts.part_end(item));
     front_finish_part(p, seq, chunk);
   }
   front_retire(p, first_seq);
