@@ -247,11 +247,18 @@ class BatchProducers {
     return call;
   }
 
-  // The producers publishing `tokens` tokens into `buffer`'s front ring, one after the other.
-  void run_into_ring(int64_t tokens, SymmBuffer& buffer, cudaStream_t stream) const {
+  // The producers publishing `tokens` tokens into `buffer`'s front ring, one after the other, then
+  // the layer reading them (CallOptions::streamed, with `options`' schedule fused): nothing overlapped.
+  void run_streamed_serial(int32_t tokens, SymmBuffer& buffer, const LayerWeights& weights, const TensorView& y,
+                           cudaStream_t stream, CallOptions options = CallOptions{Schedule::fused}) const {
     router_logits(x(tokens), router_weight(), logits(tokens), stream);
     route_tokens(router_, logits(tokens), TensorView{}, buffer, stream);
     quantize_activations(x(tokens), buffer, stream);
+    options.schedule = Schedule::fused;
+    options.streamed = true;
+    LayerInputs in;
+    in.num_tokens = tokens;
+    mega_moe(buffer, in, weights, y, stream, {}, options);
   }
 
   // What run() writes, as the layer's inputs.
@@ -361,11 +368,7 @@ void write_trace(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeigh
   CallOptions options{Schedule::fused};
   options.trace = TensorView::contiguous(log, DType::u8, {bytes}, Device::cuda);
   if (ring_producers != nullptr) {
-    ring_producers->run_into_ring(inputs.num_tokens, buffer, stream);
-    options.streamed = true;
-    LayerInputs streamed_in;
-    streamed_in.num_tokens = inputs.num_tokens;
-    mega_moe(buffer, streamed_in, weights, y, stream, {}, options);
+    ring_producers->run_streamed_serial(inputs.num_tokens, buffer, weights, y, stream, options);
   } else {
     mega_moe(buffer, inputs, weights, y, stream, {}, options);
   }
@@ -571,14 +574,8 @@ void bench_rank(Communicator& comm, const BenchData& data, const SharedArray<Ran
           streamed_mega_moe(buffer, producers->streamed_call(in.num_tokens, form), weights->view(), fused_out, stream);
         }));
       }
-      graphs.push_back(std::make_unique<CapturedCall>(stream, [&] {
-        producers->run_into_ring(in.num_tokens, buffer, stream);
-        CallOptions serial(Schedule::fused);
-        serial.streamed = true;
-        LayerInputs streamed_in;
-        streamed_in.num_tokens = in.num_tokens;
-        mega_moe(buffer, streamed_in, weights->view(), fused_out, stream, {}, serial);
-      }));
+      graphs.push_back(std::make_unique<CapturedCall>(
+          stream, [&] { producers->run_streamed_serial(in.num_tokens, buffer, weights->view(), fused_out, stream); }));
       for (size_t g = graphs.size() - 4; g < graphs.size(); ++g) {
         cudaGraphExec_t exec = graphs[g]->exec;
         calls.push_back([&, exec] { MEGAMOE_CHECK_CUDA(cudaGraphLaunch(exec, stream)); });
