@@ -40,31 +40,29 @@ TEST(FusedUnits, ClassifyWalksTheKindsInClaimOrder) {
   EXPECT_EQ(classify(plan, routed, 3).kind, UnitKind::pull);
 }
 
-// A streamed call's route parts: at least kRoutesPerRoutePart routes each, at most kMaxRouteParts per
-// source; every route of a chunk falls to exactly one of the parts with routes, and a chunk without
-// routes still has its one part (it publishes the zero counts).
-TEST(FusedUnits, RoutePartsCoverEachChunkOnce) {
+// A streamed call's route parts: one per kRoutesPerRoutePart routes begun, at most kMaxRouteParts;
+// every route falls to exactly one part, none is empty, and a call never takes more
+// parts than a launch for a larger call has units (the launch's come from the buffer's most routes).
+TEST(FusedUnits, RoutePartsCoverEachCallOnce) {
   EXPECT_EQ(route_parts(0).parts, 1u);
   EXPECT_EQ(route_parts(8).parts, 1u);  // one token, top-8
   EXPECT_EQ(route_parts(160).parts, 2u);
+  EXPECT_EQ(route_parts(128 * 8).parts, 8u);  // 128 tokens, top-8: eight CTAs, whatever the buffer
   EXPECT_EQ(route_parts(8192 * 8).parts, kMaxRouteParts);
-  for (const uint32_t max_routes : {1u, 8u, 127u, 128u, 129u, 160u, 320u, 4096u, 65536u, 65537u}) {
-    const RouteParts plan = route_parts(max_routes);
-    EXPECT_GE(plan.parts, 1u);
-    EXPECT_LE(plan.parts, kMaxRouteParts);
-    EXPECT_GE(uint64_t{plan.parts} * plan.routes_per_part, max_routes) << max_routes;
-    for (const uint32_t routes : {0u, 1u, max_routes / 2, max_routes}) {
-      const uint32_t used = plan.with_routes(routes);
-      EXPECT_GE(used, 1u);
-      EXPECT_LE(used, plan.parts) << max_routes << " " << routes;
-      std::vector<uint32_t> covered(routes, 0);
-      for (uint32_t part = 0; part < used; ++part) {
-        const UnitRange mine = unit_range(part, plan.routes_per_part, routes);
-        EXPECT_TRUE(part == 0 || mine.begin < mine.end) << "part " << part << " of " << routes << " routes is empty";
-        for (uint32_t r = mine.begin; r < mine.end; ++r) ++covered[r];
-      }
-      for (uint32_t r = 0; r < routes; ++r) ASSERT_EQ(covered[r], 1u) << max_routes << " " << routes << " " << r;
+  uint32_t previous_parts = 1;
+  for (uint32_t routes = 0; routes <= 70000; routes += routes < 600 ? 1 : 97) {
+    const RouteParts plan = route_parts(routes);
+    ASSERT_GE(plan.parts, previous_parts) << routes << " routes take fewer parts than fewer routes";
+    previous_parts = plan.parts;
+    ASSERT_LE(plan.parts, kMaxRouteParts);
+    ASSERT_LE(plan.parts, (routes + kRoutesPerRoutePart - 1) / kRoutesPerRoutePart + (routes == 0)) << routes;
+    std::vector<uint32_t> covered(routes, 0);
+    for (uint32_t part = 0; part < plan.parts; ++part) {
+      const UnitRange mine = unit_range(part, plan.routes_per_part, routes);
+      ASSERT_TRUE(part == 0 || mine.begin < mine.end) << "part " << part << " of " << routes << " routes is empty";
+      for (uint32_t r = mine.begin; r < mine.end; ++r) ++covered[r];
     }
+    for (uint32_t r = 0; r < routes; ++r) ASSERT_EQ(covered[r], 1u) << routes << " routes, route " << r;
   }
 }
 
@@ -73,14 +71,16 @@ TEST(FusedUnits, RoutePartsCoverEachChunkOnce) {
 TEST(FusedUnits, RoutePartsCoverEachChunkOfACallOnce) {
   for (const uint32_t top_k : {1u, 4u, 8u}) {
     for (const uint32_t max_tokens : {1u, 40u, 300u, 8192u}) {
-      const RouteParts plan = route_parts(max_tokens * top_k);
+      const uint32_t launched = route_parts(max_tokens * top_k).parts;
       for (const uint32_t chunk_tokens : {1u, 7u, 16u, 256u, max_tokens}) {
         const uint32_t chunk_routes = chunk_tokens * top_k;
         for (const uint32_t tokens : {0u, 1u, max_tokens / 3, max_tokens}) {
           const uint32_t routes = tokens * top_k;
+          const RouteParts plan = route_parts(routes);
+          ASSERT_LE(plan.parts, launched) << tokens << " of " << max_tokens << " tokens";
           const uint32_t chunks = (routes + chunk_routes - 1) / chunk_routes;
           std::vector<uint32_t> covered(routes, 0), chunk_readers(chunks, 0);
-          for (uint32_t part = 0; part < plan.with_routes(routes); ++part) {
+          for (uint32_t part = 0; part < plan.parts; ++part) {
             const UnitRange mine = unit_range(part, plan.routes_per_part, routes);
             const UnitRange held = chunks_holding(mine, chunk_routes);
             for (uint32_t c = held.begin; c < held.end; ++c) {

@@ -171,8 +171,10 @@ __device__ void run_route(const FusedScheduler<Config>& s, uint32_t index, uint3
   const StreamedRouteCounters counters = s.streamed_routes();
   if (thread == 0 && part == 0) counters.chunks[source] = front_chunk_count(first.call_tokens, ring.tokens_per_slot);
   const uint32_t routes = first.call_tokens * ring.top_k;
-  const RouteParts plan = s.route_part_plan();
-  const uint32_t parts = plan.with_routes(routes);
+  // Never more parts than the launch has units: route_parts grows with the routes, and a call holds
+  // at most the buffer's (checked above).
+  const RouteParts plan = route_parts(routes);
+  const uint32_t parts = plan.parts;
   if (part >= parts) return;  // none of this call's routes
   const UnitRange mine = unit_range(part, plan.routes_per_part, routes);
   const uint32_t chunk_routes = ring.tokens_per_slot * ring.top_k;

@@ -198,8 +198,8 @@ struct FusedScheduler {
 
   __device__ uint32_t num_groups() const { return params.dispatch.layout.experts_per_rank; }
   __device__ const UnitPlan& plan() const { return params.plan; }
-  // A streamed call's route units: route_parts per source rank (units.h), from the routes a chunk
-  // can hold.
+  // A streamed call's route units: route_parts per source rank (units.h), from the most routes a
+  // call may hold.
   __device__ RouteParts route_part_plan() const {
     return route_parts(params.dispatch.layout.wave_tokens * static_cast<uint32_t>(params.dispatch.problem.top_k));
   }

@@ -113,24 +113,22 @@ struct UnitRef {
   uint32_t index;  // within its kind
 };
 
-// A streamed call's route units: each source rank's call (at most max_routes = wave_tokens x top_k
-// routes) is indexed in `parts` parts of `routes_per_part` routes, by as many units, on as many CTAs
-// (one unit's 96 dispatch threads would read a whole call alone: 65536 ids at 8192 tokens x top-8).
+// A streamed call's route units: each source rank's call is indexed in parts, one per
+// kRoutesPerRoutePart routes begun, at most kMaxRouteParts of them, by as many units, on as many CTAs (one
+// unit's 96 dispatch threads would read a whole call alone: 65536 ids at 8192 tokens x top-8). The
+// launch has route_parts(max_routes) units per source (max_routes = wave_tokens x top_k: the most a
+// call may hold); a call's routes, read from its first chunk, are split by route_parts(routes) over
+// the first of them, so a small call in a large buffer is still indexed by several CTAs.
 inline constexpr uint32_t kRoutesPerRoutePart = 128;
 inline constexpr uint32_t kMaxRouteParts = 16;
 struct RouteParts {
-  uint32_t parts = 1;
+  uint32_t parts = 1;  // at least one: it publishes the source's counts
   uint32_t routes_per_part = 1;
-  // The parts that hold some of a call's `routes` (at least one: it publishes the source's counts).
-  MEGAMOE_HD uint32_t with_routes(uint32_t routes) const {
-    const uint32_t used = (routes + routes_per_part - 1) / routes_per_part;
-    return used > 1 ? used : 1;
-  }
 };
-MEGAMOE_HD RouteParts route_parts(uint32_t max_routes) {
-  uint32_t parts = (max_routes + kRoutesPerRoutePart - 1) / kRoutesPerRoutePart;
+MEGAMOE_HD RouteParts route_parts(uint32_t routes) {
+  uint32_t parts = (routes + kRoutesPerRoutePart - 1) / kRoutesPerRoutePart;
   parts = parts < 1 ? 1 : (parts > kMaxRouteParts ? kMaxRouteParts : parts);
-  const uint32_t per_part = (max_routes + parts - 1) / parts;
+  const uint32_t per_part = (routes + parts - 1) / parts;
   return {parts, per_part > 1 ? per_part : 1};
 }
 

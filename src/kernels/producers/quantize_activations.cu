@@ -13,12 +13,12 @@
 namespace megamoe {
 namespace {
 
-// One 1x128 block by one warp: lane l converts values 4l..4l+3. Written to x_out and x_scale, and to
-// also_out and also_scale unless they are null.
-__device__ void quantize_block(const uint2* x, uint32_t* x_out, float* x_scale, uint32_t* also_out = nullptr,
+// One 1x128 block by one warp: lane l converts values 4l..4l+3 (`bits`, loaded by the caller, so that
+// it may have several blocks' loads in flight). Written to x_out and x_scale, and to also_out and
+// also_scale unless they are null.
+__device__ void quantize_block(uint2 bits, uint32_t* x_out, float* x_scale, uint32_t* also_out = nullptr,
                                float* also_scale = nullptr) {
   const uint32_t lane = threadIdx.x % 32;
-  const uint2 bits = x[lane];
   const uint16_t halves[4] = {static_cast<uint16_t>(bits.x), static_cast<uint16_t>(bits.x >> 16),
                               static_cast<uint16_t>(bits.y), static_cast<uint16_t>(bits.y >> 16)};
   float values[4];
@@ -45,17 +45,21 @@ __device__ void quantize_block(const uint2* x, uint32_t* x_out, float* x_scale, 
 __global__ void quantize_activations_kernel(const uint2* x, uint64_t blocks, uint32_t* x_out, float* x_scales) {
   const uint64_t warps = uint64_t{gridDim.x} * (blockDim.x / 32);
   for (uint64_t block = (uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32; block < blocks; block += warps) {
-    quantize_block(x + block * 32, x_out + block * 32, x_scales + block);
+    quantize_block(x[block * 32 + threadIdx.x % 32], x_out + block * 32, x_scales + block);
   }
 }
 
-// The layout half published chunk by chunk into the front ring: a part is kRingPartTokens tokens of one
-// chunk. fp8 recipes quantize each 1x128 block into the slot; bf16 copies the rows as they are. With
-// own_x (a problem with shared experts), each row and its scales also go to the buffer's x and
-// x_scales regions at the token's row, where this rank's shared experts read them in a streamed call:
-// written once here rather than copied out of the ring by the layer.
+// The layout half published chunk by chunk into the front ring: a part is up to kRingPartTokens tokens
+// of one chunk (front_tokens_per_part: one while the call's tokens fit the launch's blocks). fp8
+// recipes quantize each 1x128 block into the slot; bf16 copies the rows as they are. With own_x (a
+// problem with shared experts), each row and its scales also go to the buffer's x and x_scales regions
+// at the token's row, where this rank's shared experts read them in a streamed call: written once
+// here rather than copied out of the ring by the layer.
 constexpr uint32_t kRingPartTokens = 4;
 constexpr int kThreads = 256;
+// A warp's 1x128 blocks of a part (seven per token of DeepSeek-V3) are loaded this many at once:
+// one load's round trip per block bounded a part's time.
+constexpr uint32_t kRingLoadsInFlight = 4;
 
 __global__ void __launch_bounds__(kThreads) quantize_activations_ring_kernel(const uint2* x, uint32_t hidden,
                                                                              const device::FrontProducer p,
@@ -78,10 +82,23 @@ __global__ void __launch_bounds__(kThreads) quantize_activations_ring_kernel(con
     }
     float* slot_scales = p.ring.slot_x_scales(p.own_ring, slot);
     const uint64_t first_block = uint64_t{meta.token_base} * blocks_per_token;
-    for (uint32_t b = begin * blocks_per_token + threadIdx.x / 32; b < end * blocks_per_token; b += kThreads / 32) {
-      quantize_block(x + (first_block + b) * 32, reinterpret_cast<uint32_t*>(slot_x) + uint64_t{b} * 32, slot_scales + b,
-                     own_x != nullptr ? reinterpret_cast<uint32_t*>(own_x) + (first_block + b) * 32 : nullptr,
-                     own_x != nullptr ? own_scales + first_block + b : nullptr);
+    constexpr uint32_t kWarps = kThreads / 32;
+    const uint32_t lane = threadIdx.x % 32, last = end * blocks_per_token;
+    for (uint32_t b0 = begin * blocks_per_token + threadIdx.x / 32; b0 < last; b0 += kWarps * kRingLoadsInFlight) {
+      uint2 bits[kRingLoadsInFlight];
+#pragma unroll
+      for (uint32_t i = 0; i < kRingLoadsInFlight; ++i) {
+        const uint32_t b = b0 + i * kWarps;
+        if (b < last) bits[i] = x[(first_block + b) * 32 + lane];
+      }
+#pragma unroll
+      for (uint32_t i = 0; i < kRingLoadsInFlight; ++i) {
+        const uint32_t b = b0 + i * kWarps;
+        if (b >= last) break;
+        quantize_block(bits[i], reinterpret_cast<uint32_t*>(slot_x) + uint64_t{b} * 32, slot_scales + b,
+                       own_x != nullptr ? reinterpret_cast<uint32_t*>(own_x) + (first_block + b) * 32 : nullptr,
+                       own_x != nullptr ? own_scales + first_block + b : nullptr);
+      }
     }
   });
 }
@@ -127,7 +144,7 @@ void quantize_activations(const TensorView& x, SymmBuffer& buffer, cudaStream_t 
   check_tensor(x, "x", DType::bf16, {tokens, p.hidden}, Device::cuda);
   require(reinterpret_cast<uintptr_t>(x.data) % 16 == 0, "x", "must start on a 16-byte boundary");
   const device::FrontProducer ring =
-      device::make_front_producer(buffer, FrontHalf::layout, tokens, kRingPartTokens, "x");
+      device::make_front_producer(buffer, FrontHalf::layout, tokens, 1, kRingPartTokens, "x");
   // A streamed call's shared experts read this rank's rows from the buffer's regions (a buffer whose
   // wave holds every token: the ones streamed calls take, CallOptions::streamed).
   const BufferLayout& l = buffer.layout();
@@ -135,10 +152,8 @@ void quantize_activations(const TensorView& x, SymmBuffer& buffer, cudaStream_t 
   uint8_t* own_x = own_rows ? BufferLayout::at<uint8_t>(buffer.local(), l.x) : nullptr;
   float* own_scales = own_rows && p.recipe != Recipe::bf16 ? BufferLayout::at<float>(buffer.local(), l.x_scales) : nullptr;
   // Even a call with no tokens publishes its one empty chunk.
-  quantize_activations_ring_kernel<<<device::front_producer_grid(ring, static_cast<uint32_t>(
-                                                                            buffer.comm().sm_budget()) * 8),
-                                     kThreads, 0, stream>>>(static_cast<const uint2*>(x.data),
-                                                            static_cast<uint32_t>(p.hidden), ring, own_x, own_scales);
+  quantize_activations_ring_kernel<<<device::front_producer_grid(ring, buffer), kThreads, 0, stream>>>(
+      static_cast<const uint2*>(x.data), static_cast<uint32_t>(p.hidden), ring, own_x, own_scales);
   const cudaError_t status = cudaGetLastError();
   require(status == cudaSuccess, "quantize_activations", "launch failed: ", cudaGetErrorString(status));
   ++buffer.front_calls().layout;

@@ -182,8 +182,9 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) route_tokens_kernel(const
   }
 }
 
-// The same routes published chunk by chunk into the front ring: a part is kRingTokensPerWarp tokens
-// per warp of one chunk, written into the chunk's slot.
+// The same routes published chunk by chunk into the front ring: a part is up to kRingTokensPerWarp
+// tokens per warp of one chunk (front_tokens_per_part: one per warp while the call's tokens fit the
+// launch's warps), written into the chunk's slot.
 constexpr uint32_t kRingTokensPerWarp = 4;
 
 template <int kPerLane>
@@ -275,11 +276,11 @@ void detail::route_tokens(const RouterConfig& config, const TensorView& logits, 
   require(config.num_experts == p.num_experts && config.top_k == p.top_k, "config",
           "routes to ", config.num_experts, " experts, top-", config.top_k, "; the buffer's problem has ",
           p.num_experts, ", top-", p.top_k);
-  const device::FrontProducer ring = device::make_front_producer(buffer, FrontHalf::route, tokens,
+  const device::FrontProducer ring = device::make_front_producer(buffer, FrontHalf::route, tokens, kWarpsPerBlock,
                                                                  kWarpsPerBlock * kRingTokensPerWarp, "logits");
   // Even a call with no tokens publishes its one empty chunk.
   launch(route_args(config, logits, bias, tokens, nullptr, nullptr), config, &ring,
-         device::front_producer_grid(ring, static_cast<uint32_t>(buffer.comm().sm_budget()) * 8), stream, overlapped);
+         device::front_producer_grid(ring, buffer), stream, overlapped);
   ++buffer.front_calls().route;
 }
 

@@ -97,10 +97,16 @@ MEGAMOE_DEVICE void front_produce(const FrontProducer& p, const WritePart& write
   front_retire(p, first_seq);
 }
 
-// The host's description of one half's launch for `tokens` tokens of this rank's next call; checks
-// that the buffer has a ring that holds the call. `what` names the caller's argument in errors.
-inline FrontProducer make_front_producer(const SymmBuffer& buffer, FrontHalf half, int64_t tokens,
-                                         uint32_t tokens_per_part, const char* what) {
+// Blocks a producer launch places at once: eight per SM of the rank's budget.
+inline uint32_t front_producer_blocks(const SymmBuffer& buffer) {
+  return static_cast<uint32_t>(buffer.comm().sm_budget()) * 8;
+}
+
+// The host's description of one half's launch for `tokens` tokens of this rank's next call, in parts
+// of front_tokens_per_part(tokens, blocks, part_step, part_most); checks that the buffer has a ring
+// that holds the call. `what` names the caller's argument in errors.
+inline FrontProducer make_front_producer(const SymmBuffer& buffer, FrontHalf half, int64_t tokens, uint32_t part_step,
+                                         uint32_t part_most, const char* what) {
   const Problem& p = buffer.problem();
   const FrontRingLayout ring = FrontRingLayout::make(p);
   require(ring.num_slots > 0, "buffer", "has no front ring: its Problem's front_num_slots is 0");
@@ -115,14 +121,16 @@ inline FrontProducer make_front_producer(const SymmBuffer& buffer, FrontHalf hal
   producer.own_ring = buffer.local() + buffer.layout().front_ring.offset;
   producer.half = half;
   producer.tokens = static_cast<uint32_t>(tokens);
-  producer.tokens_per_part = tokens_per_part;
+  producer.tokens_per_part =
+      front_tokens_per_part(producer.tokens, front_producer_blocks(buffer), part_step, part_most);
   return producer;
 }
 
-// Blocks of a producer launch: every part of the call, at most a few waves of `max_blocks`.
-inline uint32_t front_producer_grid(const FrontProducer& p, uint32_t max_blocks) {
-  const uint32_t items = p.items();
-  return items < max_blocks ? items : max_blocks;
+// Blocks of a producer launch: every part of the call, at most front_producer_blocks (the parts
+// beyond them, when the part's size is capped, are taken in turn).
+inline uint32_t front_producer_grid(const FrontProducer& p, const SymmBuffer& buffer) {
+  const uint32_t items = p.items(), blocks = front_producer_blocks(buffer);
+  return items < blocks ? items : blocks;
 }
 
 }  // namespace megamoe::device
