@@ -269,8 +269,11 @@ __device__ void dispatch_fused(const FusedScheduler<Config>& s, uint32_t thread,
   gemm::RingPosition<kQueueSlots> queue;
   const gemm::PipelineWatch& watch = s.params.l1[0].args.watch;
   for (;;) {
-    // Only its own timeout ends this wait: then the slot may be unwritten, and the warps stop.
-    if (!gemm::wait_barrier<Config, true>(s.queue_full(queue.stage), queue.phase, watch, queue.stage)) return;
+    // Only the hand-over's deadline ends this wait (the same for every dispatch warp): then the slot may
+    // be unwritten, and the warps stop.
+    if (!gemm::wait_barrier<Config, true>(s.queue_full(queue.stage), queue.phase, watch, queue.stage,
+                                          gemm::SharedDeadline{s.queue_deadline()}))
+      return;
     const uint32_t unit = *s.queue_slot(queue.stage);
     if (unit == gemm::kNoUnit) return;
     const UnitRef ref = s.classify(unit);

@@ -131,6 +131,13 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     wait_for_prior_kernels();
   }
   allow_next_kernel();
+  // The first hand-overs' deadlines (gemm::SharedDeadline): the walkers read them after the CTA's
+  // barrier in cta_call_failed.
+  if (thread == 0) {
+    const uint64_t now = gemm::global_timer_ns();
+    gemm::set_hand_over_deadline(smem.hand_over_deadline(), now, params.l1[0].args.watch);
+    gemm::set_hand_over_deadline(s.queue_deadline(), now, params.l1[0].args.watch);
+  }
   // A CTA that starts after an error runs nothing, but still counts itself finished: the last CTA
   // to finish then resets the counters and the barrier's epoch as after any call, so the next call
   // (after check_device_error) starts from them.

@@ -48,14 +48,15 @@ __device__ bool wait_for_operands(const FusedScheduler<Config>& s, const Operand
 }
 
 // Hands `value` (a send, route or pull unit, or kNoUnit: no more) to the dispatch warps (one thread).
-// False after a timeout (recorded): the dispatch warps stopped taking units (their own wait for the
-// queue gave up), so nothing more may be handed to them.
+// False after a timeout (recorded), or past the hand-over's deadline: the dispatch warps stopped
+// taking units (their own wait for the queue gave up), so nothing more may be handed to them.
 template <class Config>
 __device__ bool push_dispatch(const FusedScheduler<Config>& s, gemm::RingPosition<kQueueSlots>& queue, uint32_t value) {
   if (!gemm::wait_barrier<Config, true>(s.queue_empty(queue.stage), queue.phase ^ 1, s.params.l1[0].args.watch,
                                         queue.stage))
     return false;
   *s.queue_slot(queue.stage) = value;
+  if (!gemm::hand_over_in_time(s.queue_deadline(), s.params.l1[0].args.watch)) return false;
   cuda::ptx::mbarrier_arrive(s.queue_full(queue.stage));
   queue.advance();
   return true;

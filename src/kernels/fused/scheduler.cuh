@@ -104,7 +104,9 @@ struct FusedTables {
   // The dispatch warps' bulk staging (stage_send_inputs): its halves' mbarriers, their phases.
   static constexpr uint32_t kStageLoaded = (kTileDoneRing + 2 * kTileDoneSlots + 1) / 2 * 2;  // u64 mbarriers [2]
   static constexpr uint32_t kStagePhases = kStageLoaded + 2 * 2;
-  static constexpr uint32_t kWords = kStagePhases + 1;
+  // The dispatch queue's next hand-over deadline (gemm::SharedDeadline), a u64.
+  static constexpr uint32_t kQueueDeadline = (kStagePhases + 1 + 1) / 2 * 2;
+  static constexpr uint32_t kWords = kQueueDeadline + 2;
 };
 
 // Where the math warps count their tiles done, in shared memory: computed from the parameters inside
@@ -165,6 +167,7 @@ struct FusedScheduler {
   __device__ uint32_t* group_begin() const { return words(FusedTables::kGroupBegin); }
   __device__ uint32_t* dispatch_table() const { return words(FusedTables::kDispatchTable); }
   __device__ uint32_t* queue_slot(uint32_t slot) const { return words(FusedTables::kQueueSlot + slot); }
+  __device__ uint64_t* queue_deadline() const { return reinterpret_cast<uint64_t*>(words(FusedTables::kQueueDeadline)); }
   __device__ uint64_t* queue_full(uint32_t slot) const {
     return reinterpret_cast<uint64_t*>(words(FusedTables::kQueueFull)) + slot;
   }

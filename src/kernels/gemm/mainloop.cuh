@@ -89,8 +89,10 @@ template <class Config>
 __device__ uint32_t next_unit(const SharedStorage<Config>& smem, const RingPosition<Config::kStages>& ring,
                               uint32_t& parities, const PipelineWatch& watch) {
   static_assert(Config::kStages <= 32, "one parity bit per stage");
-  // Only its own timeout ends this wait: then the slot may be unwritten, and the walk ends.
-  if (!wait_barrier<Config, true>(smem.unit_ready(ring.stage), (parities >> ring.stage) & 1u, watch, ring.stage))
+  // Only the hand-over's deadline ends this wait (the same for every walker): then the slot may be
+  // unwritten, and the walk ends.
+  if (!wait_barrier<Config, true>(smem.unit_ready(ring.stage), (parities >> ring.stage) & 1u, watch, ring.stage,
+                                  SharedDeadline{smem.hand_over_deadline()}))
     return kNoUnit;
   parities ^= 1u << ring.stage;
   return *smem.unit_slot(ring.stage);
@@ -122,8 +124,9 @@ __device__ __forceinline__ float4 tile_weight_scales(const MainloopArgs& args, c
 
 // Loads work unit `index` (its K blocks' stages) into the ring: one thread. on_claim(stage) runs once
 // the unit's first stage is free, before the walkers learn of the unit: what it writes beside the
-// unit slot, they read with it. False when a stage was not freed in time (a timeout, recorded): the
-// producer then issues nothing more, not even the end.
+// unit slot, they read with it. False when a stage was not freed in time (a timeout, recorded) or the
+// unit's hand-over came past its deadline (the walkers gave up): the producer then issues nothing
+// more, not even the end.
 struct NoClaimWork {
   __device__ void operator()(uint32_t) const {}
 };
@@ -157,6 +160,7 @@ __device__ __forceinline__ bool issue_unit(const SharedStorage<Config>& smem, Ri
     if (kb == unit.k_blocks.begin) {
       *smem.unit_slot(ring.stage) = index;
       on_claim(ring.stage);
+      if (!hand_over_in_time(smem.hand_over_deadline(), args.watch)) return false;
       cuda::ptx::mbarrier_arrive(smem.unit_ready(ring.stage));
     }
     uint64_t* full = smem.full(ring.stage);
@@ -211,6 +215,7 @@ __device__ __forceinline__ void issue_empty_stage(const SharedStorage<Config>& s
                                                   const PipelineWatch& watch) {
   wait_barrier<Config, true>(smem.empty(ring.stage), ring.phase ^ 1, watch, ring.stage);
   *smem.unit_slot(ring.stage) = index;
+  if (!hand_over_in_time(smem.hand_over_deadline(), watch)) return;  // the walkers gave up on it
   cuda::ptx::mbarrier_arrive(smem.unit_ready(ring.stage));
   cuda::ptx::mbarrier_arrive(smem.full(ring.stage));
   if constexpr (Config::kConverters) cuda::ptx::mbarrier_arrive(smem.raw_full(ring.stage));

@@ -122,7 +122,9 @@ struct GemmConfig {
   static constexpr uint32_t kExchangeBytes =
       kLayout == TileLayout::weights_on_m ? (4 * kMathWarpgroups + 2) * kBlockN * 4 : 0;
   static constexpr uint32_t kSchedulerBytes = 2 * (kMaxGroups + 1) * 4;
-  static constexpr uint32_t kFlagBytes = 16;  // split K: whether this CTA's unit was its tile's last
+  // A word for split K (whether this CTA's unit was its tile's last), then at byte 8 the deadline of
+  // the next hand-over (SharedDeadline), in the area's spare bytes: no other area moves.
+  static constexpr uint32_t kFlagBytes = 16;
   static constexpr uint32_t kMaxStages = 8;
   // Per stage, the index of the work unit whose first K block the stage holds (mainloop.cuh).
   static constexpr uint32_t kUnitSlotBytes = kMaxStages * 4;
@@ -150,6 +152,7 @@ struct GemmConfig {
   static constexpr uint32_t kTableOffset = kUnitReadyOffset + kStages * 8;
   static constexpr uint32_t kSchedulerOffset = kTableOffset + kTableBytes;
   static constexpr uint32_t kFlagOffset = kSchedulerOffset + kSchedulerBytes;
+  static_assert(kFlagOffset % 8 == 0, "the hand-over deadline's u64 in the flag area");
   static constexpr uint32_t kUnitSlotOffset = kFlagOffset + kFlagBytes;
   static constexpr uint32_t kStagedTileOffset = kUnitSlotOffset + kUnitSlotBytes;
   static constexpr uint32_t kExchangeOffset = kStagedTileOffset + kStagedTileBytes;
@@ -223,6 +226,9 @@ struct SharedStorage {
   __device__ uint32_t* unit_slot(uint32_t stage) const {
     return reinterpret_cast<uint32_t*>(base + Config::kUnitSlotOffset) + stage;
   }
+  __device__ uint64_t* hand_over_deadline() const {
+    return reinterpret_cast<uint64_t*>(base + Config::kFlagOffset + 8);
+  }
   __device__ StagedTile* staged_tile(uint32_t math_warpgroup) const {
     return reinterpret_cast<StagedTile*>(base + Config::kStagedTileOffset) + math_warpgroup;
   }
@@ -263,6 +269,42 @@ struct PipelineWatch {
   uint64_t timeout_ns;
 };
 
+// When a wait gives up. Its own: twice the communication timeout after it began.
+struct OwnDeadline {
+  __device__ __forceinline__ bool passed(uint64_t now, uint64_t start, const PipelineWatch& watch) const {
+    return now - start > 2 * watch.timeout_ns;
+  }
+};
+
+// A hand-over (a unit slot of the ring, a slot of the fused dispatch queue) and the walkers that wait
+// for it keep one deadline in shared memory, so that no walker gives up on a hand-over that others
+// take: walkers of one unit of which some ran it while others left would no longer meet at wgmma's
+// warpgroup-wide instructions and the named barriers (a hang). Each hand-over sets the next one's
+// deadline, twice the communication timeout later (hand_over_in_time); the producer hands nothing
+// over past it and then issues nothing more, and a walker gives up only kHandOverMarginNs after it, by
+// which time a hand-over made before the deadline has long arrived.
+inline constexpr uint64_t kHandOverMarginNs = 1000000;
+struct SharedDeadline {
+  const uint64_t* deadline;  // the walkers': the producer's plus the margin
+  __device__ __forceinline__ bool passed(uint64_t now, uint64_t, const PipelineWatch&) const {
+    return now > *static_cast<const volatile uint64_t*>(deadline);
+  }
+};
+
+// Sets the deadline of the hand-over after one at `now` (the first: at the kernel's start).
+__device__ __forceinline__ void set_hand_over_deadline(uint64_t* deadline, uint64_t now, const PipelineWatch& watch) {
+  *static_cast<volatile uint64_t*>(deadline) = now + 2 * watch.timeout_ns + kHandOverMarginNs;
+}
+
+// The producer (one thread), just before a hand-over's arrival: false once the hand-over's deadline
+// has passed (the walkers give up on it); else the next hand-over's deadline is set.
+__device__ __forceinline__ bool hand_over_in_time(uint64_t* deadline, const PipelineWatch& watch) {
+  const uint64_t now = global_timer_ns();
+  if (watch.control != nullptr && now + kHandOverMarginNs > *deadline) return false;
+  set_hand_over_deadline(deadline, now, watch);
+  return true;
+}
+
 // Waits for the mbarrier phase of the given parity; true once it completed. These waits are inside one
 // CTA, so a timeout means a broken pipeline (a TMA fault or a bookkeeping bug) or a wait behind one
 // that timed out elsewhere: the first records a DeviceError, and the kernel must then end with the
@@ -274,7 +316,9 @@ struct PipelineWatch {
 //   own timeout. What they hand over is read next, and a slot the producer has not written in this
 //   launch may be uninitialised shared memory: a walker that read it could store anywhere, and math
 //   warpgroups that read different slots would no longer meet at their named barriers. The producer
-//   writes every slot it claims, and the end marker on every exit path, so these waits complete.
+//   writes every slot it claims, and the end marker on every exit path, so these waits complete. The
+//   walkers' waits for a slot give up at the deadline they share with its hand-over (SharedDeadline),
+//   so that every walker of a unit takes it or none does.
 // An input error (a bad expert id) is no reason to give up: its route is skipped and the pipeline
 // stays whole.
 // (No printf or trap here: a function call inside the wgmma pipeline would serialize it.)
@@ -282,9 +326,9 @@ struct PipelineWatch {
 // The checks are rare (every kPollsPerCheck polls): a system-scope load of the error record takes
 // about a microsecond, and a barrier that completes meanwhile would be noticed that much later,
 // which at every stage would stall the pipeline.
-template <class Config, bool kHandOver = false>
+template <class Config, bool kHandOver = false, class Deadline = OwnDeadline>
 __device__ __forceinline__ bool wait_barrier(uint64_t* barrier, uint32_t parity, const PipelineWatch& watch,
-                                             uint32_t stage) {
+                                             uint32_t stage, const Deadline& deadline = {}) {
   constexpr uint32_t kPollsPerCheck = 1024;
   const auto poll = [&] {
     if constexpr (Config::kWaitSuspendNs > 0) {
@@ -302,7 +346,7 @@ __device__ __forceinline__ bool wait_barrier(uint64_t* barrier, uint32_t parity,
     if (!kHandOver && device::rank_call_failed(watch.control)) return false;
     // Twice the communication timeout: in the fused schedule the ring waits behind the producer,
     // whose own waits (for other CTAs and ranks, one timeout each) must fire first and name the cause.
-    if (global_timer_ns() - start > 2 * watch.timeout_ns) {
+    if (deadline.passed(global_timer_ns(), start, watch)) {
       DeviceError error{};
       error.code = kDeviceTimeout;
       error.site = kWaitGemmStage;
