@@ -110,15 +110,17 @@ struct FrontProducerParts {
   }
 };
 
-// The tokens of a producer's part for a call of `tokens` tokens, when a launch places `blocks` blocks
-// at once: the fewest (a multiple of `step`, a block's warps taking one token each) whose parts all fit
-// those blocks, at most `most` (the kernel's largest share, which amortizes a part's slot claim and
-// count). Parts of a fixed size left a small call's tokens on a few blocks: 128 tokens in parts of four
-// are 32 blocks, each warp quantizing 28 of DeepSeek-V3's 1x128 blocks one after the other.
-MEGAMOE_HD uint32_t front_tokens_per_part(uint32_t tokens, uint32_t blocks, uint32_t step, uint32_t most) {
-  const uint32_t share = blocks == 0 ? most : (tokens + blocks - 1) / blocks;
-  const uint32_t rounded = (share + step - 1) / step * step;
-  return rounded < step ? step : (rounded > most ? most : rounded);
+// The tokens of a producer's part for a call of `tokens` tokens in chunks of `tokens_per_slot`, when a
+// launch places `blocks` blocks at once: the fewest (a multiple of `step`: a block's warps taking one
+// token each) whose parts of the call all fit those blocks, else `most` (the kernel's largest share,
+// which amortizes a part's slot claim and count; the launch then takes the parts in turns). Parts of a
+// fixed size left a small call's tokens on a few blocks: 128 tokens in parts of four are 32 blocks,
+// each warp quantizing 28 of DeepSeek-V3's 1x128 blocks one after the other.
+MEGAMOE_HD uint32_t front_tokens_per_part(uint32_t tokens, uint32_t tokens_per_slot, uint32_t blocks, uint32_t step,
+                                          uint32_t most) {
+  for (uint32_t per_part = step; per_part < most; per_part += step)
+    if (FrontProducerParts{tokens, tokens_per_slot, per_part}.items() <= blocks) return per_part;
+  return most;
 }
 
 // Layout of one rank's front ring. Offsets are relative to the front_ring region of BufferLayout;

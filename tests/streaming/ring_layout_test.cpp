@@ -262,32 +262,35 @@ TEST(FrontRingSequence, ProducerPartsHoldTokens) {
   check(300, 256, 32, 8 + 2);
 }
 
-// A producer's parts: as small as fills the blocks a launch places (a multiple of the block's step),
-// never above the kernel's most; the parts then take at most those blocks unless the most caps them.
+// A producer's parts: the smallest multiple of the block's step whose parts of the call, chunk by
+// chunk, fit the blocks a launch places; the kernel's most when none does.
 TEST(FrontRingSequence, ProducerPartsFillTheLaunch) {
-  EXPECT_EQ(front_tokens_per_part(1, 1056, 1, 4), 1u);
-  EXPECT_EQ(front_tokens_per_part(128, 1056, 1, 4), 1u);
-  EXPECT_EQ(front_tokens_per_part(2048, 1056, 1, 4), 2u);
-  EXPECT_EQ(front_tokens_per_part(8192, 1056, 1, 4), 4u);
-  EXPECT_EQ(front_tokens_per_part(128, 1056, 4, 16), 4u);  // a warp per token
-  EXPECT_EQ(front_tokens_per_part(8192, 1056, 4, 16), 8u);
-  EXPECT_EQ(front_tokens_per_part(65536, 1056, 4, 16), 16u);
-  EXPECT_EQ(front_tokens_per_part(0, 1056, 4, 16), 4u);
+  EXPECT_EQ(front_tokens_per_part(1, 8192, 1056, 1, 4), 1u);
+  EXPECT_EQ(front_tokens_per_part(128, 8192, 1056, 1, 4), 1u);
+  EXPECT_EQ(front_tokens_per_part(2048, 8192, 1056, 1, 4), 2u);
+  EXPECT_EQ(front_tokens_per_part(8192, 8192, 1056, 1, 4), 4u);
+  EXPECT_EQ(front_tokens_per_part(128, 8192, 1056, 4, 16), 4u);  // a warp per token
+  EXPECT_EQ(front_tokens_per_part(8192, 8192, 1056, 4, 16), 8u);
+  EXPECT_EQ(front_tokens_per_part(65536, 65536, 1056, 4, 16), 16u);
+  EXPECT_EQ(front_tokens_per_part(0, 8192, 1056, 4, 16), 4u);
+  // Chunks of 3: parts of 2 cut each into two, 1333 parts for 2000 tokens (too many), 1000 for 1500.
+  EXPECT_EQ(front_tokens_per_part(2000, 3, 1056, 1, 4), 3u);
+  EXPECT_EQ(front_tokens_per_part(1500, 3, 1056, 1, 4), 2u);
   for (const uint32_t blocks : {1u, 7u, 132u, 1056u}) {
-    for (const uint32_t step : {1u, 4u}) {
-      for (uint32_t tokens = 0; tokens <= 20000; tokens += tokens < 300 ? 1 : 113) {
-        const uint32_t most = 4 * step;
-        const uint32_t per_part = front_tokens_per_part(tokens, blocks, step, most);
-        ASSERT_EQ(per_part % step, 0u);
-        ASSERT_GE(per_part, step);
-        ASSERT_LE(per_part, most);
-        // One chunk holding the call: its parts fit the blocks unless the most caps the part.
-        const FrontProducerParts parts{tokens, tokens > 0 ? tokens : 1, per_part};
-        if (per_part < most) ASSERT_LE(parts.items(), blocks) << tokens << " tokens, " << blocks << " blocks";
-        // And no smaller multiple of the step would also fit.
-        if (per_part > step) {
-          const FrontProducerParts smaller{tokens, tokens > 0 ? tokens : 1, per_part - step};
-          ASSERT_GT(smaller.items(), blocks) << tokens << " tokens, " << blocks << " blocks";
+    for (const uint32_t per_slot : {1u, 3u, 7u, 256u, 8192u}) {
+      for (const uint32_t step : {1u, 4u}) {
+        for (uint32_t tokens = 0; tokens <= 9000; tokens += tokens < 300 ? 1 : 113) {
+          const uint32_t most = 4 * step;
+          const uint32_t per_part = front_tokens_per_part(tokens, per_slot, blocks, step, most);
+          ASSERT_EQ(per_part % step, 0u);
+          ASSERT_GE(per_part, step);
+          ASSERT_LE(per_part, most);
+          const std::string where = std::to_string(tokens) + " tokens in chunks of " + std::to_string(per_slot) +
+                                    ", " + std::to_string(blocks) + " blocks";
+          if (per_part < most) ASSERT_LE((FrontProducerParts{tokens, per_slot, per_part}.items()), blocks) << where;
+          if (per_part > step) {
+            ASSERT_GT((FrontProducerParts{tokens, per_slot, per_part - step}.items()), blocks) << where;
+          }
         }
       }
     }

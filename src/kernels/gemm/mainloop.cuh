@@ -208,7 +208,8 @@ __device__ __forceinline__ bool issue_unit(const SharedStorage<Config>& smem, Ri
 
 // Fills the ring's next stage with no bytes and `index` in its unit slot: the last stage of a
 // producer (index kNoUnit), or a unit the math warps run without operands (the fused schedule's
-// dispatch and combine units). The arrivals complete the stage's phases as the producer's.
+// dispatch and combine units). The arrivals complete the stage's phases as the producer's; past the
+// hand-over's deadline there are none (the walkers have given up on the stage).
 template <class Config>
 __device__ __forceinline__ void issue_empty_stage(const SharedStorage<Config>& smem,
                                                   RingPosition<Config::kStages>& ring, uint32_t index,

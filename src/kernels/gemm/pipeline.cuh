@@ -280,12 +280,25 @@ struct OwnDeadline {
 // for it keep one deadline in shared memory, so that no walker gives up on a hand-over that others
 // take: walkers of one unit of which some ran it while others left would no longer meet at wgmma's
 // warpgroup-wide instructions and the named barriers (a hang). Each hand-over sets the next one's
-// deadline, twice the communication timeout later (hand_over_in_time); the producer hands nothing
-// over past it and then issues nothing more, and a walker gives up only kHandOverMarginNs after it, by
-// which time a hand-over made before the deadline has long arrived.
+// deadline, three communication timeouts later; the producer hands nothing over within
+// kHandOverMarginNs of it (and then issues nothing more), and a walker gives up only past it, by which
+// time a hand-over made in time has long arrived. (Host and device: tests/gemm/hand_over_test.cu
+// plays the rule against random timings.)
 inline constexpr uint64_t kHandOverMarginNs = 1000000;
+
+// The walkers' deadline for the hand-over after one made at `now` (the first: at the kernel's start).
+// Three timeouts: the producer's own waits between two hand-overs (a streamed call's inputs: two
+// timeouts) must fire first and name the cause.
+__host__ __device__ __forceinline__ uint64_t next_hand_over_deadline(uint64_t now, uint64_t timeout_ns) {
+  return now + 3 * timeout_ns + kHandOverMarginNs;
+}
+// Whether the producer may still make, at `now`, the hand-over whose walkers give up past `deadline`.
+__host__ __device__ __forceinline__ bool hand_over_allowed(uint64_t now, uint64_t deadline) {
+  return now + kHandOverMarginNs <= deadline;
+}
+
 struct SharedDeadline {
-  const uint64_t* deadline;  // the walkers': the producer's plus the margin
+  const uint64_t* deadline;  // next_hand_over_deadline of the last hand-over
   __device__ __forceinline__ bool passed(uint64_t now, uint64_t, const PipelineWatch&) const {
     return now > *static_cast<const volatile uint64_t*>(deadline);
   }
@@ -293,14 +306,14 @@ struct SharedDeadline {
 
 // Sets the deadline of the hand-over after one at `now` (the first: at the kernel's start).
 __device__ __forceinline__ void set_hand_over_deadline(uint64_t* deadline, uint64_t now, const PipelineWatch& watch) {
-  *static_cast<volatile uint64_t*>(deadline) = now + 2 * watch.timeout_ns + kHandOverMarginNs;
+  *static_cast<volatile uint64_t*>(deadline) = next_hand_over_deadline(now, watch.timeout_ns);
 }
 
-// The producer (one thread), just before a hand-over's arrival: false once the hand-over's deadline
-// has passed (the walkers give up on it); else the next hand-over's deadline is set.
+// The producer (one thread), just before a hand-over's arrival: false once it is too late (the walkers
+// give up on it); else the next hand-over's deadline is set.
 __device__ __forceinline__ bool hand_over_in_time(uint64_t* deadline, const PipelineWatch& watch) {
   const uint64_t now = global_timer_ns();
-  if (watch.control != nullptr && now + kHandOverMarginNs > *deadline) return false;
+  if (watch.control != nullptr && !hand_over_allowed(now, *deadline)) return false;
   set_hand_over_deadline(deadline, now, watch);
   return true;
 }
@@ -312,13 +325,15 @@ __device__ __forceinline__ bool hand_over_in_time(uint64_t* deadline, const Pipe
 // - data waits (a stage's bytes: full, raw_full) give up at their next check once the rank's record
 //   says timed out: the warps then compute garbage from a stale stage, store it to the tile their unit
 //   named (a valid one) and release the stage, so the ring keeps moving;
-// - hand-over waits (kHandOver: a unit slot, a free stage, the dispatch queue) give up only on their
-//   own timeout. What they hand over is read next, and a slot the producer has not written in this
-//   launch may be uninitialised shared memory: a walker that read it could store anywhere, and math
-//   warpgroups that read different slots would no longer meet at their named barriers. The producer
-//   writes every slot it claims, and the end marker on every exit path, so these waits complete. The
-//   walkers' waits for a slot give up at the deadline they share with its hand-over (SharedDeadline),
-//   so that every walker of a unit takes it or none does.
+// - hand-over waits (kHandOver: a unit slot, a free stage, the dispatch queue) do not give up on the
+//   record, only at a deadline: what they hand over is read next, and a slot the producer has not
+//   written in this launch may be uninitialised shared memory: a walker that read it could store
+//   anywhere, and math warpgroups that read different slots would no longer meet at their named
+//   barriers. The producer's wait for a free stage has its own clock (two timeouts). The walkers' waits
+//   for a slot (unit slots, the dispatch queue) end at the deadline they share with its hand-over
+//   (SharedDeadline): the producer writes every slot it claims and the end marker on every exit path,
+//   unless the deadline is near, and then hands over nothing more, so every walker of a slot takes its
+//   unit or none does.
 // An input error (a bad expert id) is no reason to give up: its route is skipped and the pipeline
 // stays whole.
 // (No printf or trap here: a function call inside the wgmma pipeline would serialize it.)

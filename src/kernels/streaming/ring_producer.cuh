@@ -103,7 +103,7 @@ inline uint32_t front_producer_blocks(const SymmBuffer& buffer) {
 }
 
 // The host's description of one half's launch for `tokens` tokens of this rank's next call, in parts
-// of front_tokens_per_part(tokens, blocks, part_step, part_most); checks that the buffer has a ring
+// of front_tokens_per_part (at least part_step tokens, at most part_most); checks that the buffer has a ring
 // that holds the call. `what` names the caller's argument in errors.
 inline FrontProducer make_front_producer(const SymmBuffer& buffer, FrontHalf half, int64_t tokens, uint32_t part_step,
                                          uint32_t part_most, const char* what) {
@@ -121,8 +121,8 @@ inline FrontProducer make_front_producer(const SymmBuffer& buffer, FrontHalf hal
   producer.own_ring = buffer.local() + buffer.layout().front_ring.offset;
   producer.half = half;
   producer.tokens = static_cast<uint32_t>(tokens);
-  producer.tokens_per_part =
-      front_tokens_per_part(producer.tokens, front_producer_blocks(buffer), part_step, part_most);
+  producer.tokens_per_part = front_tokens_per_part(producer.tokens, ring.tokens_per_slot, front_producer_blocks(buffer),
+                                                   part_step, part_most);
   return producer;
 }
 
