@@ -43,6 +43,26 @@ __device__ bool wait_call_chunk(const FusedScheduler<Config>& s, void* source_ri
   return device::front_wait_ok(a.view, s.control(), ready);
 }
 
+// A ring-synchronized streamed call's producer warp (one lane), before its first claim: waits until
+// this rank's producers have published its whole call. The layer's CTAs are placed one by one as the
+// producers' blocks leave the SMs; without the wait the first ones fill their dispatch queues (16
+// units each) with most of the call's send, route and pull units, which their dispatch warps then run
+// alone while later CTAs find none. A wait that fails is recorded; the claims go on, and their units
+// find the failure.
+template <class Config>
+__device__ void wait_own_call_published(const FusedScheduler<Config>& s) {
+  const dispatch::DispatchArgs& a = s.params.dispatch;
+  const FrontRingLayout& ring = a.ring;
+  const uint32_t rank = static_cast<uint32_t>(a.view.rank);
+  void* own_ring = a.view.local() + a.layout.front_ring.offset;
+  const uint64_t first_seq = *ring.consumer_cursor(own_ring, rank);
+  if (!wait_call_chunk(s, own_ring, rank, first_seq, 0)) return;
+  const uint32_t published = ring.slot_meta(own_ring, front_slot(first_seq, ring.num_slots))->call_tokens;
+  if (published > static_cast<uint32_t>(a.problem.max_tokens_per_rank)) return;  // its route units report it
+  const uint32_t chunks = front_chunk_count(published, ring.tokens_per_slot);
+  if (chunks > 1) wait_call_chunk(s, own_ring, rank, first_seq, chunks - 1);
+}
+
 // A streamed call's send unit: once the chunks holding this unit's tokens are published, their scales
 // staged for the shared experts. The layout producer wrote the rows and scales into the buffer's
 // regions as well as into the ring (quantize_activations); peers read the ring itself; nothing is

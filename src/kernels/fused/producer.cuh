@@ -3,6 +3,7 @@
 // warps (packed weights' tiles expanded for the wgmmas).
 #pragma once
 
+#include "kernels/fused/dispatch_units.cuh"
 #include "kernels/fused/scheduler.cuh"
 
 namespace megamoe::fused {
@@ -104,6 +105,10 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
   uint32_t handed_over = gemm::kNoUnit;
   bool dispatch_open = true;
   bool ring_open = true;  // lane 0: the math warps still walk the ring
+  if constexpr (Config::kStreamed) {
+    if (lane == 0 && params.ring_synchronized) wait_own_call_published(s);
+    __syncwarp();
+  }
   for (;;) {
     uint32_t unit = lane == 0 ? s.claim() : 0;
     unit = __shfl_sync(0xFFFFFFFFu, unit, 0);
