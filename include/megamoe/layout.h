@@ -168,7 +168,9 @@ struct FusedCounters {
 
 // A streamed call's route units' counters (the fused counters' last words): the source ranks whose
 // routes are indexed, each source's parts done and chunks in the call (what the kernel's end
-// acknowledges), and each (local expert, source) pair's next table slot.
+// acknowledges), and each (local expert, source) pair's next table slot. The slots take a device
+// atomic per route, so they start on a 128-byte line of their own, away from sources_done, which
+// every CTA polls.
 struct StreamedRouteCounters {
   uint32_t* sources_done;  // [1]
   uint32_t* parts_done;    // [num_ranks]
@@ -269,9 +271,8 @@ struct BufferLayout {
     // Every expert's last token tile may be partial: at most rows / tile + experts tiles.
     l.max_routed_token_tiles = static_cast<uint32_t>(rows / kFusedMinTokenTile) + l.experts_per_rank;
     l.max_shared_token_tiles = static_cast<uint32_t>(ceil_div(tokens, kFusedMinTokenTile));
-    place(l.fused_counters,
-          sizeof(uint32_t) * (uint64_t{l.experts_per_rank} + l.max_routed_token_tiles + l.max_shared_token_tiles + 1 +
-                              static_cast<uint64_t>(p.num_ranks) * (2 + l.experts_per_rank)));
+    place(l.fused_counters, sizeof(uint32_t) * (uint64_t{l.streamed_cursor_word(static_cast<uint32_t>(p.num_ranks))} +
+                                                static_cast<uint64_t>(p.num_ranks) * l.experts_per_rank));
     // A wave of `tokens` expects at most this many rows per routed expert (as a call counts them), and
     // the shared experts' one group has `tokens` rows.
     const uint64_t routed_rows = tokens * static_cast<uint64_t>(p.num_ranks) * static_cast<uint64_t>(p.top_k) /
@@ -338,11 +339,15 @@ struct BufferLayout {
     uint32_t* first = at<uint32_t>(base, fused_counters);
     return {first, first + experts_per_rank, first + experts_per_rank + max_routed_token_tiles};
   }
-  // The fused counters' last words: a streamed call's route counters (num_ranks: the problem's).
+  // The fused counters' last words: a streamed call's route counters (num_ranks: the problem's), the
+  // table slots from word streamed_cursor_word of the region (a multiple of 32 words).
+  MEGAMOE_HD uint32_t streamed_cursor_word(uint32_t num_ranks) const {
+    return (experts_per_rank + max_routed_token_tiles + max_shared_token_tiles + 1 + 2 * num_ranks + 31) / 32 * 32;
+  }
   MEGAMOE_HD StreamedRouteCounters streamed_routes(void* base, uint32_t num_ranks) const {
-    uint32_t* first =
-        at<uint32_t>(base, fused_counters) + experts_per_rank + max_routed_token_tiles + max_shared_token_tiles;
-    return {first, first + 1, first + 1 + num_ranks, first + 1 + 2 * num_ranks};
+    uint32_t* region = at<uint32_t>(base, fused_counters);
+    uint32_t* first = region + experts_per_rank + max_routed_token_tiles + max_shared_token_tiles;
+    return {first, first + 1, first + 1 + num_ranks, region + streamed_cursor_word(num_ranks)};
   }
   MEGAMOE_HD uint16_t* combine_slot(void* base, uint32_t token, uint32_t slot, uint32_t slots, uint32_t hidden) const {
     return at<uint16_t>(base, combine) + (static_cast<uint64_t>(token) * slots + slot) * hidden;
