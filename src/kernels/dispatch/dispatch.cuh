@@ -346,13 +346,15 @@ __device__ __forceinline__ auto input_row(const DispatchArgs& a, uint32_t rank, 
     return a.ring.call_row(*a.ring.consumer_cursor(a.view.local() + a.layout.front_ring.offset, rank), token);
   }
 }
+// The same for route token_topk whose token's input_row is `row` (a streamed row's ring arithmetic,
+// a load of the consumer cursor and a 64-bit remainder, done once per pulled row).
 template <bool kStreamed>
-__device__ __forceinline__ auto input_route(const DispatchArgs& a, uint32_t rank, uint32_t token_topk) {
+__device__ __forceinline__ auto input_route_of_row(const DispatchArgs& a, uint64_t row, uint32_t token_topk) {
   if constexpr (!kStreamed) {
     return token_topk;
   } else {
     const uint32_t top_k = a.ring.top_k;
-    return input_row<true>(a, rank, token_topk / top_k) * top_k + token_topk % top_k;
+    return row * top_k + token_topk % top_k;
   }
 }
 
@@ -386,10 +388,10 @@ __device__ inline void pull_row(const DispatchArgs& a, const PoolSegments& segme
   const RowSource source = row_source(a, segments, row);
   const uint32_t token_topk = source.token_topk;
   const uint32_t token = token_topk / static_cast<uint32_t>(a.problem.top_k);
+  const uint64_t input = input_row<kStreamed>(a, source.rank, token);
   const char* source_buffer = source.buffer;
   const float* source_scales =
-      reinterpret_cast<const float*>(source_buffer + input_offsets<kStreamed>(a).x_scales) +
-      input_row<kStreamed>(a, source.rank, token) * hidden_blocks;
+      reinterpret_cast<const float*>(source_buffer + input_offsets<kStreamed>(a).x_scales) + input * hidden_blocks;
   float scales[kEarlyScales];
 #pragma unroll
   for (uint32_t i = 0; i < kEarlyScales; ++i) {
@@ -399,10 +401,10 @@ __device__ inline void pull_row(const DispatchArgs& a, const PoolSegments& segme
   const float weight =
       lane == 0
           ? reinterpret_cast<const float*>(source_buffer + input_offsets<kStreamed>(a).topk_weights)
-                [input_route<kStreamed>(a, source.rank, token_topk)]
+                [input_route_of_row<kStreamed>(a, input, token_topk)]
           : 0.0f;
   device::copy_row_vector<kUnroll>(
-      source_buffer + input_offsets<kStreamed>(a).x + input_row<kStreamed>(a, source.rank, token) * row_bytes,
+      source_buffer + input_offsets<kStreamed>(a).x + input * row_bytes,
       a.view.local() + a.layout.l1_pool.offset + uint64_t{row} * row_bytes, row_bytes, lane);
   // Scales K-block-major: one TMA box then holds a GEMM tile's scales.
   if (scaled) {
@@ -503,9 +505,10 @@ __device__ inline void pull_rows_metadata(const DispatchArgs& a, const PoolSegme
     RowSource source{};
     if (lane < rows) source = row_source(a, segments, row);
     const uint32_t token = source.token_topk / static_cast<uint32_t>(a.problem.top_k);
+    const uint64_t input = input_row<kStreamed>(a, source.rank, token);
     if (lane < rows) {
       pool_weight[row] = reinterpret_cast<const float*>(source.buffer + input_offsets<kStreamed>(a).topk_weights)
-          [input_route<kStreamed>(a, source.rank, source.token_topk)];
+          [input_route_of_row<kStreamed>(a, input, source.token_topk)];
       pool_source[row] = PoolSource{source.rank, source.token_topk};
     }
     if (scaled) {
@@ -513,7 +516,7 @@ __device__ inline void pull_rows_metadata(const DispatchArgs& a, const PoolSegme
       // its stores: one round trip per round of the rows' scales, not one per row.
       const uintptr_t row_scales =
           reinterpret_cast<uintptr_t>(source.buffer + input_offsets<kStreamed>(a).x_scales) +
-          input_row<kStreamed>(a, source.rank, token) * hidden_blocks * sizeof(float);
+          input * hidden_blocks * sizeof(float);
       const uint32_t total = rows * hidden_blocks;
       for (uint32_t base = 0; base < total; base += 32 * kBounceScaleLoads) {
         float values[kBounceScaleLoads];
