@@ -209,16 +209,28 @@ class BatchProducers {
   BatchProducers(const Problem& p, const RouterConfig& router, uint64_t seed, DeviceArena& memory)
       : problem_(p), router_(router) {
     const int64_t tokens = p.max_tokens_per_rank, hidden = p.hidden, experts = router.num_experts;
-    std::vector<uint16_t> host(static_cast<size_t>(std::max(tokens, experts) * hidden));
     uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (uint16_t& v : host) {  // BF16 values of magnitude about 1 (xorshift; the values do not matter)
-      state ^= state << 13, state ^= state >> 7, state ^= state << 17;
-      v = static_cast<uint16_t>(0x3F00 | (state & 0x80FF));
-    }
+    // Random BF16 values of one sign and binade: bits `high` (sign bit left random) and 8 random low
+    // bits (the exponent's lowest and the mantissa), so magnitudes in [2^e, 2^(e+2)) (xorshift).
+    const auto random_bf16 = [&](int64_t count, uint16_t high) {
+      std::vector<uint16_t> values(static_cast<size_t>(count));
+      for (uint16_t& v : values) {
+        state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+        v = static_cast<uint16_t>(high | (state & 0x80FF));
+      }
+      return values;
+    };
+    // x of magnitude about 1, and a router weight of about 2^-7 drawn apart from it, so that the
+    // logits spread by one to two (hidden 4096-7168): unsaturated scores and a near-uniform routing
+    // (simulated: every expert routed to, the busiest at about twice the mean over 256 tokens).
+    // (Until stop 69 the weight was x's first rows: DeepSeek-V3's sigmoid scores saturated and ties
+    // sent about 45% of the routes to experts 0-12.)
+    const std::vector<uint16_t> x_host = random_bf16(tokens * hidden, 0x3F00);
+    const std::vector<uint16_t> weight_host = random_bf16(experts * hidden, 0x3C00);
     x_ = memory.allocate<uint16_t>(tokens * hidden, "bench: producers' x");
     weight_ = memory.allocate<uint16_t>(experts * hidden, "bench: router weight");
-    MEGAMOE_CHECK_CUDA(cudaMemcpy(x_, host.data(), tokens * hidden * 2, cudaMemcpyHostToDevice));
-    MEGAMOE_CHECK_CUDA(cudaMemcpy(weight_, host.data(), experts * hidden * 2, cudaMemcpyHostToDevice));
+    MEGAMOE_CHECK_CUDA(cudaMemcpy(x_, x_host.data(), tokens * hidden * 2, cudaMemcpyHostToDevice));
+    MEGAMOE_CHECK_CUDA(cudaMemcpy(weight_, weight_host.data(), experts * hidden * 2, cudaMemcpyHostToDevice));
     logits_ = memory.allocate<float>(tokens * experts, "bench: router logits");
     topk_idx_ = memory.allocate<int32_t>(tokens * router.top_k, "bench: producers' topk_idx");
     topk_weights_ = memory.allocate<float>(tokens * router.top_k, "bench: producers' topk_weights");
