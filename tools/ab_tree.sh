@@ -12,9 +12,11 @@ shift 2
 mkdir -p "$dir"
 trap '[ $? -eq 0 ] || rm -rf "$dir"' EXIT  # no half-made tree left to build by mistake
 git archive "$rev" | tar -x -C "$dir"
+# The sources a patch may change: the library, its tools, tests and benchmarks.
+tree_digest() { (cd "$dir" && find src include tools tests bench -type f | LC_ALL=C sort | xargs sha256sum | sha256sum); }
 for patch in "$@"; do
-  before=$(cd "$dir" && find src include tools tests -type f | LC_ALL=C sort | xargs sha256sum | sha256sum)
+  before=$(tree_digest)
   patch --quiet --batch --forward -p1 -d "$dir" <"$patch" || { echo "ab_tree: $patch does not apply to $rev" >&2; exit 1; }
-  after=$(cd "$dir" && find src include tools tests -type f | LC_ALL=C sort | xargs sha256sum | sha256sum)
+  after=$(tree_digest)
   [ "$before" != "$after" ] || { echo "ab_tree: $patch changed nothing in $dir" >&2; exit 1; }
 done

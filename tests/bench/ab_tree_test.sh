@@ -21,4 +21,12 @@ if bash tools/ab_tree.sh "$work/twice" HEAD "$work/one_line.patch" "$work/one_li
 fi
 [ ! -e "$work/twice" ] || fail "the failed tree was left behind"
 if bash tools/ab_tree.sh "$work/patched" HEAD 2>/dev/null; then fail "an existing folder was reused"; fi
+# A patch of a benchmark's source alone lands too (it is not "unchanged").
+mkdir -p "$work/c/bench/layer" "$work/d/bench/layer"
+git show HEAD:bench/layer/layer_bench.cpp >"$work/c/bench/layer/layer_bench.cpp"
+{ cat "$work/c/bench/layer/layer_bench.cpp"; echo "// ab_tree_test"; } >"$work/d/bench/layer/layer_bench.cpp"
+(cd "$work" && diff -u c/bench/layer/layer_bench.cpp d/bench/layer/layer_bench.cpp | sed 's#^--- c/#--- a/#; s#^+++ d/#+++ b/#' \
+  >bench.patch) || true
+bash tools/ab_tree.sh "$work/bench_patched" HEAD "$work/bench.patch" || fail "a benchmark's patch failed"
+grep -q "^// ab_tree_test$" "$work/bench_patched/bench/layer/layer_bench.cpp" || fail "the benchmark's patch is not in the tree"
 echo "ab_tree_test: passed"
