@@ -210,8 +210,8 @@ class BatchProducers {
       : problem_(p), router_(router) {
     const int64_t tokens = p.max_tokens_per_rank, hidden = p.hidden, experts = router.num_experts;
     uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
-    // Random BF16 values of one sign and binade: bits `high` (sign bit left random) and 8 random low
-    // bits (the exponent's lowest and the mantissa), so magnitudes in [2^e, 2^(e+2)) (xorshift).
+    // Random BF16 values: `high`'s exponent bits, then a random sign, exponent's lowest bit and
+    // mantissa, so magnitudes in [2^e, 2^(e+2)) for `high`'s exponent e (xorshift).
     const auto random_bf16 = [&](int64_t count, uint16_t high) {
       std::vector<uint16_t> values(static_cast<size_t>(count));
       for (uint16_t& v : values) {
@@ -220,7 +220,7 @@ class BatchProducers {
       }
       return values;
     };
-    // x of magnitude about 1, and a router weight of about 2^-7 drawn apart from it, so that the
+    // x in [0.5, 2), and a router weight in [2^-7, 2^-5) drawn apart from it, so that the
     // logits spread by one to two (hidden 4096-7168): unsaturated scores and a near-uniform routing
     // (simulated: every expert routed to, the busiest at about twice the mean over 256 tokens).
     // (Until stop 69 the weight was x's first rows: DeepSeek-V3's sigmoid scores saturated and ties

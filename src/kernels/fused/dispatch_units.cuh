@@ -58,7 +58,9 @@ __device__ void wait_own_call_published(const FusedScheduler<Config>& s) {
   const uint64_t first_seq = *ring.consumer_cursor(own_ring, rank);
   if (!wait_call_chunk(s, own_ring, rank, first_seq, 0)) return;
   const uint32_t published = ring.slot_meta(own_ring, front_slot(first_seq, ring.num_slots))->call_tokens;
-  if (published > static_cast<uint32_t>(a.problem.max_tokens_per_rank)) return;  // its route units report it
+  // Not the layer's count (or past the buffer's): no later chunk is awaited, and this rank's route
+  // units report the difference at once.
+  if (published != static_cast<uint32_t>(a.num_tokens)) return;
   const uint32_t chunks = front_chunk_count(published, ring.tokens_per_slot);
   if (chunks > 1) wait_call_chunk(s, own_ring, rank, first_seq, chunks - 1);
 }

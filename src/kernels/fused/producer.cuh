@@ -106,7 +106,13 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
   bool dispatch_open = true;
   bool ring_open = true;  // lane 0: the math warps still walk the ring
   if constexpr (Config::kStreamed) {
-    if (lane == 0 && params.ring_synchronized) wait_own_call_published(s);
+    if (lane == 0 && params.ring_synchronized) {
+      wait_own_call_published(s);
+      // The wait counts against the first hand-overs' deadlines (set at the CTA's start): restart
+      // them, unless they are too near already (then the walkers give up, and nothing is handed over).
+      gemm::hand_over_in_time(s.smem.hand_over_deadline(), watch);
+      gemm::hand_over_in_time(s.queue_deadline(), watch);
+    }
     __syncwarp();
   }
   for (;;) {
