@@ -93,8 +93,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
   init_pipeline<Config>(smem, thread);
   wait_for_prior_kernels();
   allow_next_kernel();
-  // The first hand-over's deadline (SharedDeadline); the walkers read it after the CTA's barrier below.
-  if (thread == 0) set_hand_over_deadline(smem.hand_over_deadline(), global_timer_ns(), first.watch);
   if (first.watch.control != nullptr && device::cta_call_failed(first.watch.control)) return;
 
   TileScheduler<Config::kBlockN> scheduler;

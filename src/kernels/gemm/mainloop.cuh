@@ -89,11 +89,20 @@ template <class Config>
 __device__ uint32_t next_unit(const SharedStorage<Config>& smem, const RingPosition<Config::kStages>& ring,
                               uint32_t& parities, const PipelineWatch& watch) {
   static_assert(Config::kStages <= 32, "one parity bit per stage");
-  // Only the hand-over's deadline ends this wait (the same for every walker): then the slot may be
-  // unwritten, and the walk ends.
-  if (!wait_barrier<Config, true>(smem.unit_ready(ring.stage), (parities >> ring.stage) & 1u, watch, ring.stage,
-                                  SharedDeadline{smem.hand_over_deadline()}))
-    return kNoUnit;
+  // Only a deadline ends this wait: then the slot may be unwritten, and the walk ends. In the fused
+  // kernel the hand-over's, the same for every walker (SharedDeadline: its producer waits across CTAs
+  // and ranks between hand-overs). The staged GEMM's producer waits only for free stages, which the
+  // walkers have released before they wait for the next unit, so its hand-overs come at once and
+  // each walker keeps its own clock (a shared deadline's stores and checks made ptxas spill in the
+  // fp8_fp4 decode kernel's math warps).
+  const uint32_t parity = (parities >> ring.stage) & 1u;
+  bool handed;
+  if constexpr (Config::kDispatchWarps)
+    handed = wait_barrier<Config, true>(smem.unit_ready(ring.stage), parity, watch, ring.stage,
+                                        SharedDeadline{smem.hand_over_deadline()});
+  else
+    handed = wait_barrier<Config, true>(smem.unit_ready(ring.stage), parity, watch, ring.stage);
+  if (!handed) return kNoUnit;
   parities ^= 1u << ring.stage;
   return *smem.unit_slot(ring.stage);
 }
@@ -160,7 +169,9 @@ __device__ __forceinline__ bool issue_unit(const SharedStorage<Config>& smem, Ri
     if (kb == unit.k_blocks.begin) {
       *smem.unit_slot(ring.stage) = index;
       on_claim(ring.stage);
-      if (!hand_over_in_time(smem.hand_over_deadline(), args.watch)) return false;
+      if constexpr (Config::kDispatchWarps) {
+        if (!hand_over_in_time(smem.hand_over_deadline(), args.watch)) return false;
+      }
       cuda::ptx::mbarrier_arrive(smem.unit_ready(ring.stage));
     }
     uint64_t* full = smem.full(ring.stage);
@@ -216,7 +227,9 @@ __device__ __forceinline__ void issue_empty_stage(const SharedStorage<Config>& s
                                                   const PipelineWatch& watch) {
   wait_barrier<Config, true>(smem.empty(ring.stage), ring.phase ^ 1, watch, ring.stage);
   *smem.unit_slot(ring.stage) = index;
-  if (!hand_over_in_time(smem.hand_over_deadline(), watch)) return;  // the walkers gave up on it
+  if constexpr (Config::kDispatchWarps) {
+    if (!hand_over_in_time(smem.hand_over_deadline(), watch)) return;  // the walkers gave up on it
+  }
   cuda::ptx::mbarrier_arrive(smem.unit_ready(ring.stage));
   cuda::ptx::mbarrier_arrive(smem.full(ring.stage));
   if constexpr (Config::kConverters) cuda::ptx::mbarrier_arrive(smem.raw_full(ring.stage));

@@ -276,8 +276,8 @@ struct OwnDeadline {
   }
 };
 
-// A hand-over (a unit slot of the ring, a slot of the fused dispatch queue) and the walkers that wait
-// for it keep one deadline in shared memory, so that no walker gives up on a hand-over that others
+// The fused kernel's hand-overs (a unit slot of the ring, a slot of the dispatch queue) and the
+// walkers that wait for them keep one deadline in shared memory, so that no walker gives up on a hand-over that others
 // take: walkers of one unit of which some ran it while others left would no longer meet at wgmma's
 // warpgroup-wide instructions and the named barriers (a hang). Each hand-over sets the next one's
 // deadline, three communication timeouts later; the producer hands nothing over within
@@ -329,11 +329,12 @@ __device__ __forceinline__ bool hand_over_in_time(uint64_t* deadline, const Pipe
 //   record, only at a deadline: what they hand over is read next, and a slot the producer has not
 //   written in this launch may be uninitialised shared memory: a walker that read it could store
 //   anywhere, and math warpgroups that read different slots would no longer meet at their named
-//   barriers. The producer's wait for a free stage has its own clock (two timeouts). The walkers' waits
-//   for a slot (unit slots, the dispatch queue) end at the deadline they share with its hand-over
-//   (SharedDeadline): the producer writes every slot it claims and the end marker on every exit path,
-//   unless the deadline is near, and then hands over nothing more, so every walker of a slot takes its
-//   unit or none does.
+//   barriers. The producer writes every slot it claims and the end marker on every exit path, so these
+//   waits complete. The producer's wait for a free stage, and the staged GEMM's walkers (next_unit:
+//   their hand-overs come at once), give up on their own clocks (two timeouts). In the fused kernel
+//   the walkers of a slot (unit slots, the dispatch queue) give up at the deadline they share with its
+//   hand-over (SharedDeadline), whose producer hands nothing over once it is near: every walker of a
+//   slot takes its unit or none does.
 // An input error (a bad expert id) is no reason to give up: its route is skipped and the pipeline
 // stays whole.
 // (No printf or trap here: a function call inside the wgmma pipeline would serialize it.)
