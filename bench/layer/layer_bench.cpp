@@ -366,35 +366,17 @@ void call_layer(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeight
   mega_moe(buffer, inputs, weights, y, stream, {}, CallOptions{schedule});
 }
 
-// One more fused call with its event log (CallOptions::trace), written to DIR/trace-<tokens>-r<rank>.json:
+// A fused call's event log (`bytes` of `log` on the device) written to `path` as
 // {"tokens": T, "rank": R, "events": [[cta, unit, kind, what, ns], ...]} with ns from the first event.
-// With `ring_producers`, the call is streamed: they publish into the front ring, then the layer reads it
-// (CallOptions::streamed, nothing overlapped), its log written to DIR/trace-streamed-<tokens>-r<rank>.json.
-void write_trace(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
-                 cudaStream_t stream, const std::string& dir, int32_t rank,
-                 const BatchProducers* ring_producers = nullptr) {
-  const int64_t bytes = fused_trace_bytes(buffer);
-  DeviceArena memory;
-  uint8_t* log = memory.allocate<uint8_t>(static_cast<uint64_t>(bytes), "bench: fused trace");
-  MEGAMOE_CHECK_CUDA(cudaMemsetAsync(log, 0, static_cast<size_t>(bytes), stream));
-  CallOptions options{Schedule::fused};
-  options.trace = TensorView::contiguous(log, DType::u8, {bytes}, Device::cuda);
-  if (ring_producers != nullptr) {
-    ring_producers->run_streamed_serial(inputs.num_tokens, buffer, weights, y, stream, options);
-  } else {
-    mega_moe(buffer, inputs, weights, y, stream, {}, options);
-  }
-  buffer.check_device_error(stream);
+void write_events(const std::string& path, const uint8_t* log, int64_t bytes, int32_t tokens, int32_t rank) {
   std::vector<FusedTraceEvent> events(static_cast<size_t>(bytes) / sizeof(FusedTraceEvent));
   MEGAMOE_CHECK_CUDA(cudaMemcpy(events.data(), log, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost));
   uint64_t first = UINT64_MAX;
   for (const FusedTraceEvent& e : events)
     if (e.ns != 0) first = std::min(first, e.ns);
-  const std::string path = dir + (ring_producers != nullptr ? "/trace-streamed-" : "/trace-") +
-                           std::to_string(inputs.num_tokens) + "-r" + std::to_string(rank) + ".json";
   FILE* file = std::fopen(path.c_str(), "w");
   require(file != nullptr, "--trace", "cannot write '", path, "'");
-  std::fprintf(file, "{\"tokens\": %d, \"rank\": %d, \"events\": [", inputs.num_tokens, rank);
+  std::fprintf(file, "{\"tokens\": %d, \"rank\": %d, \"events\": [", tokens, rank);
   bool comma = false;
   for (const FusedTraceEvent& e : events) {
     if (e.ns == 0) continue;
@@ -404,6 +386,41 @@ void write_trace(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeigh
   }
   std::fprintf(file, "\n]}\n");
   require(std::fclose(file) == 0, "--trace", "writing '", path, "' failed");
+}
+
+// One more fused call with its event log (CallOptions::trace), written to DIR/trace-<tokens>-r<rank>.json.
+// With `ring_producers`, two streamed calls instead: the producers publishing into the front ring,
+// then the layer reading it (CallOptions::streamed, nothing overlapped: trace-streamed-...), and
+// streamed_mega_moe's streamed form, the layer launched beside its producers (trace-overlapped-...).
+void write_trace(SymmBuffer& buffer, const LayerInputs& inputs, const LayerWeights& weights, const TensorView& y,
+                 cudaStream_t stream, const std::string& dir, int32_t rank,
+                 const BatchProducers* ring_producers = nullptr) {
+  const int64_t bytes = fused_trace_bytes(buffer);
+  DeviceArena memory;
+  uint8_t* log = memory.allocate<uint8_t>(static_cast<uint64_t>(bytes), "bench: fused trace");
+  const TensorView trace = TensorView::contiguous(log, DType::u8, {bytes}, Device::cuda);
+  const std::string suffix = std::to_string(inputs.num_tokens) + "-r" + std::to_string(rank) + ".json";
+  // Runs `call` with the log cleared first, then writes the log to DIR/<name>-<tokens>-r<rank>.json.
+  const auto traced = [&](const char* name, const auto& call) {
+    MEGAMOE_CHECK_CUDA(cudaMemsetAsync(log, 0, static_cast<size_t>(bytes), stream));
+    call();
+    buffer.check_device_error(stream);
+    write_events(dir + "/" + name + "-" + suffix, log, bytes, inputs.num_tokens, rank);
+  };
+  CallOptions options{Schedule::fused};
+  options.trace = trace;
+  if (ring_producers == nullptr) {
+    traced("trace", [&] { mega_moe(buffer, inputs, weights, y, stream, {}, options); });
+    return;
+  }
+  traced("trace-streamed", [&] {
+    ring_producers->run_streamed_serial(inputs.num_tokens, buffer, weights, y, stream, options);
+  });
+  traced("trace-overlapped", [&] {
+    StreamedCall call = ring_producers->streamed_call(inputs.num_tokens, CallForm::streamed);
+    call.trace = trace;
+    streamed_mega_moe(buffer, call, weights, y, stream);
+  });
 }
 
 // A call captured in a CUDA graph, and the number of kernels it launches.

@@ -143,6 +143,7 @@ struct StreamedCall {
   // max_tokens_per_rank. choose_call_form decides by it.
   int64_t uniform_tokens = 0;
   TensorView topk_idx;       // [num_tokens, top_k] i32: scratch for the batch form's routes (unless form is streamed)
+  TensorView trace;          // optional: the fused layer's event log, as CallOptions::trace (a trace build)
 };
 void streamed_mega_moe(SymmBuffer& buffer, const StreamedCall& call, const LayerWeights& weights,
                        const TensorView& y, cudaStream_t stream, const TensorView& recv_stats = {});

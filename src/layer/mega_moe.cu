@@ -421,6 +421,11 @@ void streamed_mega_moe(SymmBuffer& buffer, const StreamedCall& call, const Layer
           ")");
   if (call.form != CallForm::streamed)  // automatic may pick batch for other tokens: required alike
     check_tensor(call.topk_idx, "call.topk_idx", DType::i32, {t, p.top_k}, Device::cuda);
+  if (!call.trace.empty()) {  // the layer checks it again; here before the producers' launches
+    require(fused::kFusedTrace, "call.trace",
+            "this build logs no events: configure it with -DMEGAMOE_FUSED_TRACE=ON (its fused kernels run slower)");
+    check_tensor(call.trace, "call.trace", DType::u8, {fused_trace_bytes(buffer)}, Device::cuda);
+  }
   const CallForm form = call.form == CallForm::automatic ? choose_call_form(p, call.uniform_tokens) : call.form;
   LayerInputs in;
   in.num_tokens = static_cast<int32_t>(t);
@@ -436,11 +441,14 @@ void streamed_mega_moe(SymmBuffer& buffer, const StreamedCall& call, const Layer
     if (p.recipe != Recipe::bf16) quantize_activations(call.x, in.x, in.x_scales, stream);
     router_logits(call.x, call.router_weight, call.logits, stream);
     route_tokens(router, call.logits, call.router_bias, in.topk_idx, in.topk_weights, stream);
-    run_layer(buffer, in, weights, y, stream, recv_stats, CallOptions(Schedule::fused));
+    CallOptions options(Schedule::fused);
+    options.trace = call.trace;
+    run_layer(buffer, in, weights, y, stream, recv_stats, options);
     return;
   }
   CallOptions options(Schedule::fused);
   options.streamed = true;
+  options.trace = call.trace;
   check_inputs(p, in, y, recv_stats, true);
   check_weights(p, weights);
   const CallPlan plan(buffer, in, y, recv_stats, 0, true);

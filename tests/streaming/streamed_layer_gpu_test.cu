@@ -432,6 +432,12 @@ TEST(StreamedLayerArguments, ErrorsNameTheArgument) {
            "max_tokens_per_rank (40); got 3");
     automatic.uniform_tokens = kMaxTokens + 1;
     expect(testing::error_message([&] { run(automatic, 4); }), "call.uniform_tokens:");
+    // An event log the build cannot fill, or of the wrong size, is refused before the producers run.
+    DeviceBuffer<uint8_t> log(8);
+    StreamedCall traced = streamed_call(4);
+    traced.trace = view_of(log.get(), DType::u8, {8});
+    expect(testing::error_message([&] { run(traced, 4); }),
+           fused_trace_compiled() ? "call.trace:" : "call.trace: this build logs no events");
     expect_ring_untouched(buffer, comm.stream());
 
     {
