@@ -136,6 +136,9 @@ gemm::GemmOperands expert_operands(const Problem& p, const BufferLayout& l, char
   return o;
 }
 
+// The CTAs of a call's launches (the fused call's persistent grid): the rank's SM budget.
+int call_grid(const SymmBuffer& buffer) { return std::max(1, buffer.comm().sm_budget()); }
+
 // What both schedules share: the checked arguments, the GEMMs' operands and outputs, and the dispatch
 // and combine arguments of one call.
 struct CallPlan {
@@ -180,7 +183,7 @@ struct CallPlan {
     routed_tile = gemm::choose_tile(expected_rows, l.experts_per_rank, p.recipe);
     shared = p.num_shared_experts > 0 && in.num_tokens > 0;
     overlap = overlap_launches(buffer.comm());
-    grid = std::max(1, buffer.comm().sm_budget());
+    grid = call_grid(buffer);
     clamp = kernel_activation_clamp(in.activation_clamp, "inputs.activation_clamp");
   }
 
@@ -255,6 +258,21 @@ void run_staged(SymmBuffer& buffer, const CallPlan& c, const LayerWeights& w, cu
   if (c.tokens > 0) launch("combine launch", combine::combine_kernel, c.grid, kCombineThreads, 0, c.combine);
 }
 
+// The event log's bytes for a fused launch of `grid` CTAs.
+int64_t trace_bytes(int64_t grid) {
+  return grid * kFusedTraceEventsPerCta * static_cast<int64_t>(sizeof(FusedTraceEvent));
+}
+
+// A fused call's event log (CallOptions::trace) for a launch of `grid` CTAs: a trace build's, u8 of
+// trace_bytes(grid), 8-byte aligned. `what` names the argument.
+void check_trace(const TensorView& trace, const char* what, int64_t grid) {
+  require(fused::kFusedTrace, what,
+          "this build logs no events: configure it with -DMEGAMOE_FUSED_TRACE=ON (its fused kernels run slower)");
+  check_tensor(trace, what, DType::u8, {trace_bytes(grid)}, Device::cuda);
+  require(reinterpret_cast<uintptr_t>(trace.data) % alignof(FusedTraceEvent) == 0, what,
+          "must start on an 8-byte boundary");
+}
+
 // The fused schedule: one persistent launch (kernels/fused), all four GEMMs in the routed tile shape;
 // its arguments for fused::launch or fused::prepare. ring_synchronized: launched right after this
 // call's front-ring producers (streamed_mega_moe).
@@ -287,13 +305,7 @@ fused::FusedLaunch fused_launch(const CallPlan& c, const LayerWeights& w, const 
   f.overlapped_launch = c.overlap;
   f.ring_synchronized = ring_synchronized;
   if (!options.trace.empty()) {
-    require(fused::kFusedTrace, "options.trace",
-            "this build logs no events: configure it with -DMEGAMOE_FUSED_TRACE=ON (its fused kernels run slower)");
-    check_tensor(options.trace, "options.trace", DType::u8,
-                 {int64_t{c.grid} * kFusedTraceEventsPerCta * static_cast<int64_t>(sizeof(FusedTraceEvent))},
-                 Device::cuda);
-    require(reinterpret_cast<uintptr_t>(options.trace.data) % alignof(FusedTraceEvent) == 0, "options.trace",
-            "must start on an 8-byte boundary");
+    check_trace(options.trace, "options.trace", c.grid);
     f.trace = options.trace.as<FusedTraceEvent>();
   }
   return f;
@@ -368,10 +380,7 @@ void run_layer(SymmBuffer& buffer, const LayerInputs& in, const LayerWeights& w,
 
 bool fused_trace_compiled() { return fused::kFusedTrace; }
 
-int64_t fused_trace_bytes(const SymmBuffer& buffer) {
-  return int64_t{std::max(1, buffer.comm().sm_budget())} * kFusedTraceEventsPerCta *
-         static_cast<int64_t>(sizeof(FusedTraceEvent));
-}
+int64_t fused_trace_bytes(const SymmBuffer& buffer) { return trace_bytes(call_grid(buffer)); }
 
 CallForm choose_call_form(const Problem& p, int64_t uniform_tokens) {
   require(uniform_tokens >= 0 && uniform_tokens <= p.max_tokens_per_rank, "uniform_tokens", "must be in [0, ",
@@ -421,15 +430,14 @@ void streamed_mega_moe(SymmBuffer& buffer, const StreamedCall& call, const Layer
           ")");
   if (call.form != CallForm::streamed)  // automatic may pick batch for other tokens: required alike
     check_tensor(call.topk_idx, "call.topk_idx", DType::i32, {t, p.top_k}, Device::cuda);
-  if (!call.trace.empty()) {  // the layer checks it again; here before the producers' launches
-    require(fused::kFusedTrace, "call.trace",
-            "this build logs no events: configure it with -DMEGAMOE_FUSED_TRACE=ON (its fused kernels run slower)");
-    check_tensor(call.trace, "call.trace", DType::u8, {fused_trace_bytes(buffer)}, Device::cuda);
-  }
+  // The layer checks it again; here before the producers' launches.
+  if (!call.trace.empty()) check_trace(call.trace, "call.trace", call_grid(buffer));
   const CallForm form = call.form == CallForm::automatic ? choose_call_form(p, call.uniform_tokens) : call.form;
   LayerInputs in;
   in.num_tokens = static_cast<int32_t>(t);
   detail::check_router_logits(call.x, call.router_weight, call.logits);
+  CallOptions options(Schedule::fused);
+  options.trace = call.trace;
   if (form == CallForm::batch) {
     // The producers write the layer's inputs where the layer reads them (no copies; bf16 x is copied
     // in by the layer).
@@ -441,14 +449,10 @@ void streamed_mega_moe(SymmBuffer& buffer, const StreamedCall& call, const Layer
     if (p.recipe != Recipe::bf16) quantize_activations(call.x, in.x, in.x_scales, stream);
     router_logits(call.x, call.router_weight, call.logits, stream);
     route_tokens(router, call.logits, call.router_bias, in.topk_idx, in.topk_weights, stream);
-    CallOptions options(Schedule::fused);
-    options.trace = call.trace;
     run_layer(buffer, in, weights, y, stream, recv_stats, options);
     return;
   }
-  CallOptions options(Schedule::fused);
   options.streamed = true;
-  options.trace = call.trace;
   check_inputs(p, in, y, recv_stats, true);
   check_weights(p, weights);
   const CallPlan plan(buffer, in, y, recv_stats, 0, true);

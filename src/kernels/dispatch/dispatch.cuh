@@ -319,11 +319,11 @@ __device__ inline bool build_segments(const DispatchArgs& a, uint32_t* segment_b
 
 // Where a source rank's token inputs are in its buffer, as offsets from its base: token t's row at
 // x + input_row(t) * row bytes, its scales at x_scales + input_row(t) * hidden blocks, route r's weight
-// at topk_weights + input_route_of_row(input_row(r / top_k), r) floats. A batch call reads the regions the source's send units
-// staged them in (row t is row t); a streamed call (kStreamed: the fused schedule's streamed kernels)
-// reads the source's front ring, where its call's chunks take consecutive slots from this rank's
-// consumer cursor for it (FrontRingLayout::call_row). Template flags, so that the batch kernels' pulls
-// stay as they were.
+// at topk_weights + input_route_of_row(input_row(r / top_k), r) floats. A batch call reads the
+// regions the source's send units staged them in (row t is row t); a streamed call (kStreamed: the
+// fused schedule's streamed kernels) reads the source's front ring, where its call's chunks take
+// consecutive slots from this rank's consumer cursor for it (FrontRingLayout::call_row). Template
+// flags, so that the batch kernels' pulls stay as they were.
 struct InputOffsets {
   uint64_t x;
   uint64_t x_scales;

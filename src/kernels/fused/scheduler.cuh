@@ -167,7 +167,9 @@ struct FusedScheduler {
   __device__ uint32_t* group_begin() const { return words(FusedTables::kGroupBegin); }
   __device__ uint32_t* dispatch_table() const { return words(FusedTables::kDispatchTable); }
   __device__ uint32_t* queue_slot(uint32_t slot) const { return words(FusedTables::kQueueSlot + slot); }
-  __device__ uint64_t* queue_deadline() const { return reinterpret_cast<uint64_t*>(words(FusedTables::kQueueDeadline)); }
+  __device__ uint64_t* queue_deadline() const {
+    return reinterpret_cast<uint64_t*>(words(FusedTables::kQueueDeadline));
+  }
   __device__ uint64_t* queue_full(uint32_t slot) const {
     return reinterpret_cast<uint64_t*>(words(FusedTables::kQueueFull)) + slot;
   }

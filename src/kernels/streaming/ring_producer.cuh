@@ -103,8 +103,8 @@ inline uint32_t front_producer_blocks(const SymmBuffer& buffer) {
 }
 
 // The host's description of one half's launch for `tokens` tokens of this rank's next call, in parts
-// of front_tokens_per_part (at least part_step tokens, at most part_most); checks that the buffer has a ring
-// that holds the call. `what` names the caller's argument in errors.
+// of front_tokens_per_part (at least part_step tokens, at most part_most); checks that the buffer has
+// a ring that holds the call. `what` names the caller's argument in errors.
 inline FrontProducer make_front_producer(const SymmBuffer& buffer, FrontHalf half, int64_t tokens, uint32_t part_step,
                                          uint32_t part_most, const char* what) {
   const Problem& p = buffer.problem();
