@@ -279,11 +279,11 @@ struct OwnDeadline {
 // The fused kernel's hand-overs (a unit slot of the ring, a slot of the dispatch queue) and the
 // walkers that wait for them keep one deadline in shared memory, so that no walker gives up on a
 // hand-over that others take: walkers of one unit of which some ran it while others left would no
-// longer meet at wgmma's warpgroup-wide instructions and the named barriers (a hang). Each hand-over sets the next one's
-// deadline, three communication timeouts later; the producer hands nothing over within
-// kHandOverMarginNs of it (and then issues nothing more), and a walker gives up only past it, by which
-// time a hand-over made in time has long arrived. (Host and device: tests/gemm/hand_over_test.cu
-// plays the rule against random timings.)
+// longer meet at wgmma's warpgroup-wide instructions and the named barriers (a hang). Each hand-over
+// sets the next one's deadline, three communication timeouts later; the producer hands nothing over
+// within kHandOverMarginNs of it (and then issues nothing more), and a walker gives up only past it,
+// by which time a hand-over made in time has long arrived. (Host and device:
+// tests/gemm/hand_over_test.cu plays the rule against random timings.)
 inline constexpr uint64_t kHandOverMarginNs = 1000000;
 
 // The walkers' deadline for the hand-over after one made at `now` (the first: at the kernel's start).
