@@ -290,9 +290,14 @@ void streamed_against_batch(Communicator& comm, Recipe recipe, uint64_t seed, in
       run_streamed(buffer, weights->view(), router_weight, *c, comm.stream());
     }
   }
+  expect_streamed_match_batch(comm, buffer, calls, recipe, seed, chunking);
+}
+
+void expect_streamed_match_batch(Communicator& comm, SymmBuffer& buffer, const std::vector<std::unique_ptr<Call>>& calls,
+                                 Recipe recipe, uint64_t seed, Chunking chunking) {
   buffer.check_device_error(comm.stream());
   testing::cuda_check(cudaStreamSynchronize(comm.stream()), "calls");
-  for (int32_t call = 0; call < num_calls; ++call) {
+  for (size_t call = 0; call < calls.size(); ++call) {
     Call& c = *calls[call];
     const size_t n = size_t(c.tokens) * kHidden;
     std::vector<uint16_t> want = c.y_batch.download(), got = c.y_streamed.download();
@@ -304,6 +309,27 @@ void streamed_against_batch(Communicator& comm, Recipe recipe, uint64_t seed, in
                             << to_string(recipe) << ", seed " << seed << ": " << check.first_failure;
   }
   if (::testing::Test::HasFailure()) throw std::runtime_error("streamed outputs differ from the batch outputs");
+}
+
+void empty_rank_ahead_of_its_peers(Communicator& comm, uint64_t seed) {
+  const Problem p = streamed_problem(comm.size(), comm.rank(), Recipe::fp8);
+  SymmBuffer buffer(comm, p);
+  const std::unique_ptr<DeviceWeights> weights = DeviceWeights::synthetic(p, seed);
+  const DeviceBuffer<uint16_t> router_weight = make_router_weight(seed, comm.rank());
+  // Calls 0 and 2 of Call's numbering: producers into the ring, then the layer (not combined), so
+  // that the layer's lateness applies.
+  std::vector<std::unique_ptr<Call>> calls;
+  calls.push_back(std::make_unique<Call>(seed, 0, comm.rank(), comm.rank() == 0 ? 0 : 17));
+  calls.push_back(std::make_unique<Call>(seed, 2, comm.rank(), 17));
+  testing::cuda_check(cudaDeviceSynchronize(), "allocations");
+  comm.barrier();
+  Lateness late;
+  if (comm.rank() != 0) late.layer = 20'000'000;  // 20 ms: far longer than rank 0's whole first call
+  run_batch(buffer, weights->view(), router_weight, *calls[0], comm.stream());
+  run_streamed(buffer, weights->view(), router_weight, *calls[0], comm.stream(), late);
+  run_batch(buffer, weights->view(), router_weight, *calls[1], comm.stream());
+  run_streamed(buffer, weights->view(), router_weight, *calls[1], comm.stream());
+  expect_streamed_match_batch(comm, buffer, calls, Recipe::fp8, seed, {});
 }
 
 }  // namespace megamoe::streamed_test

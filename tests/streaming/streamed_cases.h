@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -136,5 +137,17 @@ void forms_against_batch(Communicator& comm, uint64_t seed);
 // front_ring_gpu_test does).
 void streamed_against_batch(Communicator& comm, Recipe recipe, uint64_t seed, int32_t top_k = kTopK,
                             bool late = false, Chunking chunking = {});
+
+// Checks each call's streamed output against its batch twin, token by token, once the stream's work is
+// done (throws after a failure).
+void expect_streamed_match_batch(Communicator& comm, SymmBuffer& buffer, const std::vector<std::unique_ptr<Call>>& calls,
+                                 Recipe recipe, uint64_t seed, Chunking chunking);
+
+// Rank 0 has no tokens in the first call, and every other rank's streamed layer of that call starts
+// 20 ms late. Rank 0's call has no combine unit to wait for the others' L2 tiles; it must still not
+// end before them, since its next (batch) call's sends write the peers' route tables and counts,
+// which a peer's streamed call, still to run, writes too. Then a call of 17 tokens everywhere, batch
+// and streamed, whose outputs must agree.
+void empty_rank_ahead_of_its_peers(Communicator& comm, uint64_t seed);
 
 }  // namespace megamoe::streamed_test

@@ -33,8 +33,9 @@
 
 namespace megamoe::fused {
 
-// The last CTA to finish: every counter back to zero, the barrier's epoch past this call's two. A CTA
-// that never built the call's tables (it started after an error) clears every routed tile's count.
+// The last CTA to finish: every counter back to zero, the barrier's epoch past this call's two (on a
+// rank without tokens, once every rank's L2 tiles are done). A CTA that never built the call's tables
+// (it started after an error) clears every routed tile's count.
 template <class Config>
 __device__ void reset_counters(const FusedScheduler<Config>& s, uint32_t thread) {
   const FusedCounters counters = s.counters();
@@ -67,6 +68,12 @@ __device__ void reset_counters(const FusedScheduler<Config>& s, uint32_t thread)
     }
   }
   if (thread == 0) {
+    // A rank without tokens has no combine unit, where the others wait for every rank's L2 tiles. Its
+    // call must not end before them either: its next call's sends write into the peers' route tables
+    // and counts (count_and_scatter, send_counts), which a peer still in this call reads, or, in a
+    // streamed call, writes itself (index_ring_routes, publish_ring_counts). A failed wait is
+    // recorded; the reset goes on.
+    if (s.plan().combine_units == 0) device::rank_wait(s.view(), s.control(), s.epoch(2));
     ControlBlock* control = s.control();
     const uint64_t next_epoch = s.epoch(2);
     control->fused_claims = 0;
