@@ -295,7 +295,15 @@ void streamed_against_batch(Communicator& comm, Recipe recipe, uint64_t seed, in
 
 void expect_streamed_match_batch(Communicator& comm, SymmBuffer& buffer, const std::vector<std::unique_ptr<Call>>& calls,
                                  Recipe recipe, uint64_t seed, Chunking chunking) {
-  buffer.check_device_error(comm.stream());
+  try {
+    buffer.check_device_error(comm.stream());
+  } catch (const std::exception& e) {
+    // A timeout names the wait; what led to it depends on every rank's calls (seed, tokens).
+    std::string tokens;
+    for (const auto& c : calls) tokens += (tokens.empty() ? "" : ", ") + std::to_string(c->tokens);
+    throw std::runtime_error(std::string(e.what()) + " (seed " + std::to_string(seed) + "; this rank's calls: " +
+                             tokens + " tokens)");
+  }
   testing::cuda_check(cudaStreamSynchronize(comm.stream()), "calls");
   for (size_t call = 0; call < calls.size(); ++call) {
     Call& c = *calls[call];
