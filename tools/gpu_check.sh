@@ -417,8 +417,19 @@ kernel_sources_digest() {
     xargs sha256sum | sha256sum | cut -c1-16)
 }
 
+# GiB one stress stream may hold at once: the DeepSeek-V3 bench's weights (15 GB) and one rank's
+# buffer and inputs at 8192 tokens. Four streams fit an H200; on an 80 GB H100 four ran out of memory.
+STRESS_STREAM_GIB=34
+
 step_stress() {
   local n=$1 streams=${STRESS_STREAMS:-1} end=$((SECONDS + ${STRESS_SECONDS:-1000000000})) stream
+  local gib fit
+  gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2>/dev/null | awk '{print int($1 / 1024)}')
+  fit=$((${gib:-0} / STRESS_STREAM_GIB))
+  if [ "$fit" -ge 1 ] && [ "$streams" -gt "$fit" ]; then
+    echo "stress: $streams streams asked for, $fit fit the GPU's $gib GiB: running $fit"
+    streams=$fit
+  fi
   for stream in $(seq 1 "$streams"); do
     stress_stream "$stream" $(((n + streams - stream) / streams)) "$end" &
   done
