@@ -12,15 +12,8 @@ set -euo pipefail
 quick=0
 if [[ ${1:-} == --quick ]]; then quick=1; shift; fi
 [[ $# -eq 0 ]] || { echo "usage: models/check.sh [--quick]"; exit 2; }
-# 77: skipped (ctest's SKIP_RETURN_CODE), not passed, where the tools are missing.
-command -v spin >/dev/null || { echo "models/check.sh: spin is not installed (tools/setup.sh --tests): skipped"; exit 77; }
-command -v cc >/dev/null || { echo "models/check.sh: no C compiler (cc): skipped"; exit 77; }
-
-here=$(cd "$(dirname "$0")" && pwd)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cp "$here/streaming.pml" "$work/"
-cd "$work"
+source "$(dirname "$0")/spin_workdir.sh"
+spin_workdir models/check.sh streaming.pml
 
 # Search limits: a search that hits one of them is a failure, never a pass. State vectors are
 # stored compressed (COLLAPSE), so the largest search stays under 1 GB.

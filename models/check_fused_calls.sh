@@ -4,14 +4,8 @@
 # invalid end state), and every mutant must be rejected by an assertion.
 # Exits 0 only then; 77 (skipped) without spin or a C compiler. Seconds.
 set -euo pipefail
-command -v spin >/dev/null || { echo "models/check_fused_calls.sh: spin is not installed (tools/setup.sh --tests): skipped"; exit 77; }
-command -v cc >/dev/null || { echo "models/check_fused_calls.sh: no C compiler (cc): skipped"; exit 77; }
-
-here=$(cd "$(dirname "$0")" && pwd)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cp "$here/fused_calls.pml" "$work/"
-cd "$work"
+source "$(dirname "$0")/spin_workdir.sh"
+spin_workdir models/check_fused_calls.sh fused_calls.pml
 failures=0
 
 # run NAME EXPECT RANK0_EMPTY RANK1_EMPTY [FLAGS...]; EXPECT: pass or assertion
