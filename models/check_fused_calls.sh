@@ -39,14 +39,17 @@ run() {
 }
 
 echo "spin: $(spin -V)"
-# With every call waiting at epoch + 2, an empty call runs as any other: one search covers every plan
-# of empty calls (bit n: call n has none; the calls are batch, streamed, batch, batch).
-run "protocol" pass 5 10
-# The code before d75f665: an empty streamed call followed by a batch call (what stop 71 saw), and an
-# empty batch call followed by a batch call.
-run "mutant_empty_rank_leaves_early[0,2]" assertion 0 2 -DMUTANT_EMPTY_RANK_LEAVES_EARLY
-run "mutant_empty_rank_leaves_early[0,4]" assertion 0 4 -DMUTANT_EMPTY_RANK_LEAVES_EARLY
-run "mutant_read_after_arrival" assertion 0 0 -DMUTANT_READ_AFTER_ARRIVAL
+# Empty calls (bit n: call n has none; the calls are batch, streamed, batch, batch): none, each of rank
+# 1's alone, rank 0 empty throughout, both empty in the streamed call, mixed.
+for plan in "0 0" "0 1" "0 2" "0 4" "15 0" "2 2" "5 10"; do
+  read -r e0 e1 <<<"$plan"
+  run "protocol_empty[$e0,$e1]" pass "$e0" "$e1"
+done
+# Sends at once: an empty streamed call followed by a batch call (what stop 71 saw on the GPU), an
+# empty batch call followed by another; and sends after the peers' L2 tiles only (a late CTA's build).
+run "mutant_sends_dont_wait[0,2]" assertion 0 2 -DMUTANT_SENDS_DONT_WAIT
+run "mutant_sends_dont_wait[0,4]" assertion 0 4 -DMUTANT_SENDS_DONT_WAIT
+run "mutant_wait_for_l2_only" assertion 0 0 -DMUTANT_WAIT_FOR_L2_ONLY
 
 if ((failures > 0)); then
   echo "fused calls model check: $failures failure(s)"

@@ -2,24 +2,25 @@
  * Consecutive fused calls on a symmetric buffer (docs/fused.md), for spin
  * (models/check_fused_calls.sh runs it): who may write a rank's route tables and counts, and when.
  *
- * Two ranks run the same NCALLS calls: batch, streamed, batch, batch. A rank's tables and counts of the
- * routes from source s (src_index, recv_count) are abstracted to one word, counts[owner][s], holding
- * the call whose counts it has (its index + 1). A batch call's send units write them into every
- * owner at the call's start (count_and_scatter, send_counts) and arrive at the barrier's epoch + 1;
- * its readers (the tables' build, the pulls) wait for every rank there. A streamed call's route
- * units write the owner's own word for each source once that source's producers have published the
- * call (a source's producers run after its previous call, in stream order); nothing arrives at
- * epoch + 1. Either way a rank reads each source's word, then arrives at epoch + 2 (its last L2
- * tile, or its build when it has none); its combine units wait for every rank there, and a rank
- * without tokens has none. The assertion: every read sees the reading call's own counts.
+ * Two ranks run the same NCALLS calls: batch, streamed, batch, batch. A rank's tables and counts of
+ * the routes from source s (src_index, recv_count) are abstracted to one word, counts[owner][s],
+ * holding the call whose counts it has (its index + 1). A batch call's send units write them into
+ * every owner (count_and_scatter, send_counts), then arrive at the barrier's epoch + 1; its readers
+ * (the tables' build, the pulls) wait for every rank there. A streamed call's route units write the
+ * owner's own word for each source once that source's producers have published the call (a source's
+ * producers run after its previous call, in stream order); nothing arrives at epoch + 1. A rank
+ * reads each source's word (its first CTA's build), arrives at epoch + 2 (its L2 tiles done); if it
+ * has tokens, its combine units wait for every rank there. A CTA that started late builds its tables
+ * only at its first claim, after all that: a second read. The last CTA arrives at epoch + 3, the
+ * call's end. The assertion: every read sees the reading call's own counts.
  *
- * Calls with no tokens: RANK0_EMPTY and RANK1_EMPTY, bit n set for call n. (An empty batch call followed
- * by a streamed one cannot go wrong this way: a streamed call writes only its own rank's words.)
+ * Calls with no tokens: RANK0_EMPTY and RANK1_EMPTY, bit n set for call n.
  * Mutants (check_fused_calls.sh requires each to be rejected):
- *   MUTANT_EMPTY_RANK_LEAVES_EARLY  a call without tokens ends without waiting at epoch + 2
- *                                   (the code before d75f665)
- *   MUTANT_READ_AFTER_ARRIVAL       a rank reads its counts after its arrival at epoch + 2: a
- *                                   reader must come before it (docs/experiments.md, Stop 71)
+ *   MUTANT_SENDS_DONT_WAIT   a batch call's sends write into the peers at once, without waiting for
+ *                            every rank's previous call to end (the code before this model)
+ *   MUTANT_WAIT_FOR_L2_ONLY  they wait for every rank's L2 tiles of the previous call (epoch + 2)
+ *                            instead of its end: a late CTA's build can still read the next call's
+ *                            counts
  */
 
 #define NR 2
@@ -33,7 +34,7 @@
 
 #define STREAMED(n) ((n) == 1)
 #define EMPTY(r, n) ((((r) == 0 -> RANK0_EMPTY : RANK1_EMPTY) >> (n)) & 1)
-#define BASE(n) (2 * (n))
+#define BASE(n) (3 * (n))
 
 byte counts[NR * NR];   /* [owner][source]: the call (+ 1) whose counts the word holds */
 byte arrived[NR];       /* the epoch each rank has reached (rank_arrive; waits read >=) */
@@ -62,28 +63,28 @@ proctype rank(byte r) {
         :: published[1] >= n + 1; counts[r * NR + 1] = n + 1; published[0] >= n + 1; counts[r * NR + 0] = n + 1
         fi
      :: else ->
+#if defined(MUTANT_WAIT_FOR_L2_ONLY)
+        if
+        :: n > 0 -> wait_all(BASE(n) - 1)
+        :: else -> skip
+        fi;
+#elif !defined(MUTANT_SENDS_DONT_WAIT)
+        wait_all(BASE(n));
+#endif
         /* send units: this rank's counts into every owner, then epoch + 1 */
         counts[0 * NR + r] = n + 1;
         counts[1 * NR + r] = n + 1;
         arrived[r] = BASE(n) + 1;
         wait_all(BASE(n) + 1)
      fi;
-#ifndef MUTANT_READ_AFTER_ARRIVAL
      read_counts(r, n);
      arrived[r] = BASE(n) + 2;
-#else
-     arrived[r] = BASE(n) + 2;
-     read_counts(r, n);
-#endif
-#ifdef MUTANT_EMPTY_RANK_LEAVES_EARLY
      if
      :: EMPTY(r, n) -> skip
-     :: else -> wait_all(BASE(n) + 2)
+     :: else -> wait_all(BASE(n) + 2)  /* the combine units */
      fi;
-#else
-     /* the combine units' wait, or the last CTA's on a rank without tokens */
-     wait_all(BASE(n) + 2);
-#endif
+     read_counts(r, n);  /* a CTA that started late */
+     arrived[r] = BASE(n) + 3;
      n++
   od
 }

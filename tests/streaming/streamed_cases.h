@@ -144,10 +144,10 @@ void expect_streamed_match_batch(Communicator& comm, SymmBuffer& buffer, const s
                                  Recipe recipe, uint64_t seed, Chunking chunking);
 
 // Rank 0 has no tokens in the first call, and every other rank's streamed layer of that call starts
-// 20 ms late. Rank 0's call has no combine unit to wait for the others' L2 tiles; it must still not
-// end before them, since its next (batch) call's sends write the peers' route tables and counts,
-// which a peer's streamed call, still to run, writes too. Then a call of 17 tokens everywhere, batch
-// and streamed, whose outputs must agree.
+// 20 ms late. Rank 0's call has no combine unit to wait for the others, so it ends first; its next
+// (batch) call's sends must still wait for the peers' call to end before writing their route tables
+// and counts, which a peer's streamed call, still to run, writes too. Then a call of 17 tokens
+// everywhere, batch and streamed, whose outputs must agree.
 void empty_rank_ahead_of_its_peers(Communicator& comm, uint64_t seed);
 
 }  // namespace megamoe::streamed_test

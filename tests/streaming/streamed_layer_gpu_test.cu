@@ -71,9 +71,9 @@ TEST(StreamedLayerTopK, EightChoicesPerToken) {
             0);
 }
 
-// A rank with no tokens in a call does not run ahead into its next call while its peers are still in
-// this one (a race that showed as wrong outputs in a few percent of MatchesTheBatchCallFp8 runs; a
-// late peer makes it certain here).
+// A rank with no tokens ends a call before its peers, but its next call writes nothing into them until
+// they have ended this one (a race that showed as wrong outputs in a few percent of
+// MatchesTheBatchCallFp8 runs; a late peer makes it certain here).
 TEST(StreamedLayerFailures, AnEmptyRankWaitsForItsPeers) {
   MEGAMOE_SKIP_WITHOUT_GPU();
   const uint64_t seed = testing::test_seed();

@@ -33,9 +33,10 @@
 
 namespace megamoe::fused {
 
-// The last CTA to finish: every counter back to zero, the barrier's epoch past this call's two (on a
-// rank without tokens, once every rank's L2 tiles are done). A CTA that never built the call's tables
-// (it started after an error) clears every routed tile's count.
+// The last CTA to finish: every counter back to zero, the barrier's epoch past this call's three, and
+// this rank's arrival at the third (the call's end), which the peers' next batch calls wait for before
+// writing into its route tables and counts. A CTA that never built the call's tables (it started after
+// an error) clears every routed tile's count.
 template <class Config>
 __device__ void reset_counters(const FusedScheduler<Config>& s, uint32_t thread) {
   const FusedCounters counters = s.counters();
@@ -68,19 +69,16 @@ __device__ void reset_counters(const FusedScheduler<Config>& s, uint32_t thread)
     }
   }
   if (thread == 0) {
-    // A rank without tokens has no combine unit, where the others wait for every rank's L2 tiles. Its
-    // call must not end before them either: its next call's sends write into the peers' route tables
-    // and counts (count_and_scatter, send_counts), which a peer still in this call reads, or, in a
-    // streamed call, writes itself (index_ring_routes, publish_ring_counts). A failed wait is
-    // recorded; the reset goes on.
-    if (s.plan().combine_units == 0) device::rank_wait(s.view(), s.control(), s.epoch(2));
     ControlBlock* control = s.control();
-    const uint64_t next_epoch = s.epoch(2);
+    const uint64_t next_epoch = s.epoch(3);
     control->fused_claims = 0;
     control->fused_sends_done = 0;
     control->fused_l2_done = 0;
     control->finished_blocks = 0;
     device::GpuRef<uint64_t>(control->barrier_epoch).store(next_epoch, cuda::memory_order_relaxed);
+    // Every CTA's reads of the tables and counts came before (finished_blocks): a CTA that started
+    // late builds its tables only at its first claim, possibly after this rank's L2 tiles.
+    device::rank_arrive(s.view(), control, next_epoch);
   }
 }
 

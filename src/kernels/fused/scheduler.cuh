@@ -328,8 +328,8 @@ struct FusedScheduler {
   __device__ StreamedRouteCounters streamed_routes() const {
     return params.dispatch.layout.streamed_routes(view().local(), static_cast<uint32_t>(view().num_ranks));
   }
-  // The rank barrier's epoch before this call (+1: counts sent, +2: L2 done); only the last CTA to
-  // finish moves it, once every CTA has.
+  // The rank barrier's epoch before this call (+1: counts sent, +2: L2 done, +3: the call ended);
+  // only the last CTA to finish moves it, once every CTA has.
   __device__ uint64_t epoch(uint32_t step) const {
     return device::GpuRef<uint64_t>(control()->barrier_epoch).load(cuda::memory_order_relaxed) + step;
   }
