@@ -12,7 +12,8 @@
  * reads each source's word (its first CTA's build), arrives at epoch + 2 (its L2 tiles done); if it
  * has tokens, its combine units wait for every rank there. A CTA that started late builds its tables
  * only at its first claim, after all that: a second read. The last CTA arrives at epoch + 3, the
- * call's end. The assertion: every read sees the reading call's own counts.
+ * call's end. The assertion: every read sees the reading call's own counts. Not modeled: a broken
+ * call (it does not arrive at its end), the staged schedule's send (it waits as a batch call's does).
  *
  * Calls with no tokens: RANK0_EMPTY and RANK1_EMPTY, bit n set for call n.
  * Mutants (check_fused_calls.sh requires each to be rejected):

@@ -219,6 +219,21 @@ MEGAMOE_DEVICE bool rank_wait(const SymmView& view, ControlBlock* control, uint6
   return true;
 }
 
+// Whether every other rank's previous call on this buffer has ended (one thread; false, with a timeout
+// recorded, if one's has not in time). A fused call's last CTA arrives at its end, and a staged call's
+// ranks at its last barrier, both where barrier_epoch then stands (a rank whose call broke does not:
+// make a new buffer). A batch call waits for it before writing into the peers' route tables and
+// counts, which a peer may still read (or, in a streamed call, write) after its L2 tiles. This rank's
+// own previous call ended before its kernel started.
+MEGAMOE_DEVICE bool peers_previous_call_ended(const SymmView& view, ControlBlock* control) {
+  const uint64_t epoch = GpuRef<uint64_t>(control->barrier_epoch).load(cuda::memory_order_relaxed);
+  for (int32_t peer = 0; peer < view.num_ranks; ++peer)
+    if (peer != view.rank && !wait_at_least_sys(view, control, &control->barrier_arrivals[peer], epoch,
+                                                 kWaitRankBarrier, static_cast<uint32_t>(peer)))
+      return false;
+  return true;
+}
+
 // Cross-rank barrier. Every thread of exactly one block per rank calls it (the same number of times on
 // every rank). Each rank writes its new epoch into every peer's barrier_arrivals[rank] and polls only
 // its own buffer, so the waiting is local and each crossing costs one NVLink store per peer. Writes the

@@ -15,10 +15,15 @@ __global__ void send_routes(const DispatchArgs a, const StagedInputs staged) {
   wait_for_prior_kernels();
   allow_next_kernel();
   ControlBlock* control = a.layout.control_block(a.view.local());
-  const bool failed = device::cta_call_failed(control);
+  bool failed = device::cta_call_failed(control);
   if (!failed) {
     stage_inputs(staged, 0, 0, static_cast<uint32_t>(a.num_tokens), blockIdx.x * uint64_t{blockDim.x} + threadIdx.x,
                  uint64_t{gridDim.x} * blockDim.x);
+    // Not into a peer whose previous call (a fused one: after a staged call every rank is past its
+    // last barrier) has not ended.
+    failed = __syncthreads_and(threadIdx.x != 0 || device::peers_previous_call_ended(a.view, control)) == 0;
+  }
+  if (!failed) {
     const uint32_t routes = static_cast<uint32_t>(a.num_tokens) * static_cast<uint32_t>(a.problem.top_k);
     const uint32_t per_block = (routes + gridDim.x - 1) / gridDim.x;
     const uint32_t begin = blockIdx.x * per_block;
@@ -29,7 +34,7 @@ __global__ void send_routes(const DispatchArgs a, const StagedInputs staged) {
   // The staged inputs and the indices scattered to peers, system-wide before the last block's barrier
   // releases them.
   __threadfence_system();
-  if (device::last_block_to_finish(control) && !failed) publish_counts(a);
+  if (device::last_block_to_finish(control) && !failed && !device::rank_call_failed(control)) publish_counts(a);
 }
 
 // Dynamic shared memory: (experts_per_rank * num_ranks + 1) u32. The launch bounds hold the

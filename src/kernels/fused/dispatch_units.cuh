@@ -103,12 +103,10 @@ __device__ void run_send(const FusedScheduler<Config>& s, uint32_t index, uint32
   stage_send_inputs(s, s.params.staged, tokens, thread);
   DispatchSync{}();  // the scales the shared experts' copy reads are the ones just staged
   dispatch::stage_shared_scales(a, tokens.begin, tokens.end, thread, kDispatchThreads);
-  // The peers' route tables and counts are theirs until their previous call has ended (its last CTA's
-  // arrival, reset_counters): a peer without tokens, or with a CTA that started late, may still read
-  // or, in a streamed call, write them after its L2 tiles. (This rank's staged inputs need no wait:
-  // peers pull them only in calls where this rank has tokens, whose combine waited for their L2.)
+  // Not before every peer's previous call has ended (sync.cuh). This rank's staged inputs need no
+  // wait: peers pull them only in calls where this rank has tokens, whose combine waited for their L2.
   if (!group_flag(s.words(FusedTables::kDispatchFlag), thread, DispatchSync{},
-                  [&] { return device::rank_wait(s.view(), s.control(), s.epoch(0)); }))
+                  [&] { return device::peers_previous_call_ended(s.view(), s.control()); }))
     return;
   const uint32_t top_k = static_cast<uint32_t>(a.problem.top_k);
   dispatch::count_and_scatter(a, tokens.begin * top_k, tokens.end * top_k, s.dispatch_table(), thread,

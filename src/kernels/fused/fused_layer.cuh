@@ -35,7 +35,7 @@ namespace megamoe::fused {
 
 // The last CTA to finish: every counter back to zero, the barrier's epoch past this call's three, and
 // this rank's arrival at the third (the call's end), which the peers' next batch calls wait for before
-// writing into its route tables and counts. A CTA that never built the call's tables (it started after
+// writing into its route tables and counts (peers_previous_call_ended). A CTA that never built the call's tables (it started after
 // an error) clears every routed tile's count.
 template <class Config>
 __device__ void reset_counters(const FusedScheduler<Config>& s, uint32_t thread) {
@@ -77,8 +77,9 @@ __device__ void reset_counters(const FusedScheduler<Config>& s, uint32_t thread)
     control->finished_blocks = 0;
     device::GpuRef<uint64_t>(control->barrier_epoch).store(next_epoch, cuda::memory_order_relaxed);
     // Every CTA's reads of the tables and counts came before (finished_blocks): a CTA that started
-    // late builds its tables only at its first claim, possibly after this rank's L2 tiles.
-    device::rank_arrive(s.view(), control, next_epoch);
+    // late builds its tables only at its first claim, possibly after this rank's L2 tiles. A broken
+    // call does not arrive: the arrival would also pass the peers' waits for its first two epochs.
+    if (!device::rank_call_failed(control)) device::rank_arrive(s.view(), control, next_epoch);
   }
 }
 
