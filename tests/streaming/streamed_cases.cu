@@ -293,8 +293,9 @@ void streamed_against_batch(Communicator& comm, Recipe recipe, uint64_t seed, in
   expect_streamed_match_batch(comm, buffer, calls, recipe, seed, chunking);
 }
 
-void expect_streamed_match_batch(Communicator& comm, SymmBuffer& buffer, const std::vector<std::unique_ptr<Call>>& calls,
-                                 Recipe recipe, uint64_t seed, Chunking chunking) {
+void expect_streamed_match_batch(Communicator& comm, SymmBuffer& buffer,
+                                 const std::vector<std::unique_ptr<Call>>& calls, Recipe recipe, uint64_t seed,
+                                 Chunking chunking) {
   try {
     buffer.check_device_error(comm.stream());
   } catch (const std::exception& e) {

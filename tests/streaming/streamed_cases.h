@@ -140,8 +140,9 @@ void streamed_against_batch(Communicator& comm, Recipe recipe, uint64_t seed, in
 
 // Checks each call's streamed output against its batch twin, token by token, once the stream's work is
 // done (throws after a failure).
-void expect_streamed_match_batch(Communicator& comm, SymmBuffer& buffer, const std::vector<std::unique_ptr<Call>>& calls,
-                                 Recipe recipe, uint64_t seed, Chunking chunking);
+void expect_streamed_match_batch(Communicator& comm, SymmBuffer& buffer,
+                                 const std::vector<std::unique_ptr<Call>>& calls, Recipe recipe, uint64_t seed,
+                                 Chunking chunking);
 
 // Rank 0 has no tokens in the first call, and every other rank's streamed layer of that call starts
 // 20 ms late. Rank 0's call has no combine unit to wait for the others, so it ends first; its next

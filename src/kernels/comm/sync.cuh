@@ -209,11 +209,12 @@ MEGAMOE_DEVICE void rank_arrive(const SymmView& view, ControlBlock* control, uin
     st_release_sys(&view.map(control, peer)->barrier_arrivals[view.rank], epoch);
   }
 }
-// Waits until every rank has arrived at `epoch` or later (one thread). False, with a timeout
-// recorded, if one did not in time.
-MEGAMOE_DEVICE bool rank_wait(const SymmView& view, ControlBlock* control, uint64_t epoch) {
+// Waits until every rank (with others_only, every other rank) has arrived at `epoch` or later (one
+// thread). False, with a timeout recorded, if one did not in time.
+MEGAMOE_DEVICE bool rank_wait(const SymmView& view, ControlBlock* control, uint64_t epoch, bool others_only = false) {
   for (int32_t peer = 0; peer < view.num_ranks; ++peer)
-    if (!wait_at_least_sys(view, control, &control->barrier_arrivals[peer], epoch, kWaitRankBarrier,
+    if (!(others_only && peer == view.rank) &&
+        !wait_at_least_sys(view, control, &control->barrier_arrivals[peer], epoch, kWaitRankBarrier,
                            static_cast<uint32_t>(peer)))
       return false;
   return true;
@@ -226,12 +227,7 @@ MEGAMOE_DEVICE bool rank_wait(const SymmView& view, ControlBlock* control, uint6
 // counts, which a peer may still read (or, in a streamed call, write) after its L2 tiles. This rank's
 // own previous call ended before its kernel started.
 MEGAMOE_DEVICE bool peers_previous_call_ended(const SymmView& view, ControlBlock* control) {
-  const uint64_t epoch = GpuRef<uint64_t>(control->barrier_epoch).load(cuda::memory_order_relaxed);
-  for (int32_t peer = 0; peer < view.num_ranks; ++peer)
-    if (peer != view.rank && !wait_at_least_sys(view, control, &control->barrier_arrivals[peer], epoch,
-                                                 kWaitRankBarrier, static_cast<uint32_t>(peer)))
-      return false;
-  return true;
+  return rank_wait(view, control, GpuRef<uint64_t>(control->barrier_epoch).load(cuda::memory_order_relaxed), true);
 }
 
 // Cross-rank barrier. Every thread of exactly one block per rank calls it (the same number of times on

@@ -35,8 +35,8 @@ namespace megamoe::fused {
 
 // The last CTA to finish: every counter back to zero, the barrier's epoch past this call's three, and
 // this rank's arrival at the third (the call's end), which the peers' next batch calls wait for before
-// writing into its route tables and counts (peers_previous_call_ended). A CTA that never built the call's tables (it started after
-// an error) clears every routed tile's count.
+// writing into its route tables and counts (peers_previous_call_ended). A CTA that never built the
+// call's tables (it started after an error) clears every routed tile's count.
 template <class Config>
 __device__ void reset_counters(const FusedScheduler<Config>& s, uint32_t thread) {
   const FusedCounters counters = s.counters();
