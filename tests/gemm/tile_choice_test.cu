@@ -109,6 +109,11 @@ TEST(TileConfig, MathRegistersFitTheLaunchAllocation) {
   EXPECT_EQ(Fp4Decode::kConverterWarps, 0u);
   EXPECT_EQ(kMathRegisters<Fp4Decode>, 232);
   EXPECT_EQ(Fp4Prefill::kConverterWarps, 7u);
+  // The fused schedule's prefill config: its dispatch warps join the converter warpgroup.
+  using Fp4FusedPrefill = GemmConfig<Fp8Fp4Policy, TileLayout::tokens_on_m, 128, false, true>;
+  EXPECT_EQ(Fp4FusedPrefill::kConverterWarps, 7u);
+  EXPECT_EQ(Fp4FusedPrefill::kFullArrivals, 8u);
+  EXPECT_EQ(kMathRegisters<Fp4FusedPrefill>, 216);
   EXPECT_EQ(kMathRegisters<Fp4Prefill>, 216);
   EXPECT_TRUE(kRegistersFit<Fp8Prefill>);
   EXPECT_TRUE(kRegistersFit<Fp8Decode>);

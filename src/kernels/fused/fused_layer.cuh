@@ -12,7 +12,8 @@
 //     units, with the staged schedule's dispatch functions, while the math warps run GEMMs;
 //   - the math warpgroups run GEMM units through the same mainloop and epilogues as the staged
 //     schedule, then claim and run the combine units themselves;
-//   - with packed weights in prefill tiles, the converter warpgroup expands the GEMM units' weight tiles.
+//   - with packed weights in prefill tiles, the converter warpgroup expands the GEMM units' weight tiles,
+//     and the dispatch warps join it once their units are done.
 // The math warps' loop holds nothing but GEMMs: with dispatch code in it, values hoisted out of the
 // loop held registers through the mainloop, which then spilled (a loop of pulls before it did too).
 // The dispatch warps' 40 registers (prefill configs) keep about 6 KB per SM in flight: prefill rows
@@ -159,12 +160,15 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       produce_fused(s, lane);
     } else {
       dispatch_fused(s, thread - 32, lane);
-      if (warp <= Config::kMathWarpgroups && lane == 0) make_handed_counts(s, warp - 1);
+      // With converters the dispatch warps then expand weight tiles, and each math warpgroup makes its
+      // own tile-done counts.
+      if constexpr (Config::kConverters) convert_fused(s, thread - 32, lane);
+      else if (warp <= Config::kMathWarpgroups && lane == 0) make_handed_counts(s, warp - 1);
     }
     finish_cta(s, thread);
   } else if (warpgroup > Config::kMathWarpgroups) {  // converters; none without them (kThreads)
     ptx::setmaxnreg_decrease<gemm::kProducerRegisters<Config>>();
-    convert_fused(s, 128 * (warpgroup - 1 - Config::kMathWarpgroups) + thread % 128, lane);
+    convert_fused(s, 96 + 128 * (warpgroup - 1 - Config::kMathWarpgroups) + thread % 128, lane);
     finish_cta(s, thread);
   } else {
     ptx::setmaxnreg_increase<gemm::kMathRegisters<Config>>();

@@ -9,8 +9,9 @@ namespace megamoe::fused {
 // Tile-done counts. Each fence before a count holds the thread that makes it for microseconds, and a
 // math warpgroup's next wgmmas wait for all of its threads; so once the dispatch warps are done with
 // their units, a dispatch warp makes the counts a math warpgroup hands it (make_handed_counts), and
-// the warpgroup makes its own only until then. A warpgroup's mode says which: its own counts, handed
-// over, or finished without handing over (the dispatch warp then waits for nothing from it).
+// the warpgroup makes its own only until then (always, where the dispatch warps go on to expand
+// weights: packed prefill tiles). A warpgroup's mode says which: its own counts, handed over, or
+// finished without handing over (the dispatch warp then waits for nothing from it).
 enum : uint32_t { kCountsOwn = 0, kCountsHanded = 1, kCountsFinished = 2 };
 // A count to make: 2 bits of kind, the token tile.
 enum : uint32_t { kCountRoutedL1 = 0, kCountSharedL1 = 1, kCountL2 = 2 };
