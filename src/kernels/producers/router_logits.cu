@@ -2,7 +2,10 @@
 // cores, a block of four warps computes 64 tokens x 64 experts, K 64 at a time through shared memory
 // (zero-filled past the edges, so any token and expert count works; the next step's loads in flight
 // during this one's products); each warp holds 16 tokens x 64 experts of accumulators (WMMA 16x16x16
-// fragments). A few tokens take a kernel of their own (router_logits_few_tokens_kernel).
+// fragments). Where there are few tiles, a cluster of blocks splits each tile's K range and sums the
+// partial tiles through distributed shared memory. A few tokens take a kernel of their own
+// (router_logits_few_tokens_kernel).
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <mma.h>
@@ -86,9 +89,24 @@ __global__ void __launch_bounds__(kFewThreads) router_logits_few_tokens_kernel(c
   }
 }
 
+// Each tile's K range is split over a cluster of `gridDim.z` blocks (1, 2, 4 or 8) when the tiles alone
+// would leave most SMs idle: the loop below is bound by its loads' latency, one K step at a time (at
+// 128 tokens of DeepSeek-V3, 8 blocks walking 112 steps took about 100 µs).
+constexpr int kMaxSplits = 8;
+constexpr int kTargetBlocks = 256;   // about two blocks per SM
+constexpr int kMinStepsPerSplit = 8;
+
+int k_splits(int64_t tiles, int32_t hidden) {
+  const int32_t steps = (hidden + kTileK - 1) / kTileK;
+  int splits = 1;
+  while (splits < kMaxSplits && tiles * splits * 2 <= kTargetBlocks && steps / (splits * 2) >= kMinStepsPerSplit)
+    splits *= 2;
+  return splits;
+}
+
 __global__ void __launch_bounds__(kThreads) router_logits_kernel(const __nv_bfloat16* x, const __nv_bfloat16* weight,
                                                                  float* logits, int32_t tokens, int32_t hidden,
-                                                                 int32_t experts) {
+                                                                 int32_t experts, int32_t split_k) {
   allow_next_kernel();
   __shared__ __align__(128) __nv_bfloat16 tile_x[kTileTokens * kRowStride];
   __shared__ __align__(128) __nv_bfloat16 tile_w[kTileExperts * kRowStride];
@@ -96,6 +114,9 @@ __global__ void __launch_bounds__(kThreads) router_logits_kernel(const __nv_bflo
   const int32_t token0 = static_cast<int32_t>(blockIdx.x) * kTileTokens;
   const int32_t expert0 = static_cast<int32_t>(blockIdx.y) * kTileExperts;
   const int warp = static_cast<int>(threadIdx.x) / 32;
+  // This block's part of K: split_k elements (a multiple of kTileK), the last part up to hidden.
+  const int32_t k_begin = static_cast<int32_t>(blockIdx.z) * split_k;
+  const int32_t k_end = min(hidden, k_begin + split_k);
 
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kTileExperts / 16];
 #pragma unroll
@@ -107,7 +128,7 @@ __global__ void __launch_bounds__(kThreads) router_logits_kernel(const __nv_bflo
     for (int i = 0; i < kPieces; ++i) {
       const Piece p = piece_of(static_cast<int>(threadIdx.x) + i * kThreads);
       const int32_t global_row = (p.is_x ? token0 : expert0) + p.row;
-      const bool inside = global_row < (p.is_x ? tokens : experts) && k0 + p.col < hidden;
+      const bool inside = global_row < (p.is_x ? tokens : experts) && k0 + p.col < k_end;
       values[i] = make_uint4(0, 0, 0, 0);
       if (inside) {
         values[i] = *reinterpret_cast<const uint4*>((p.is_x ? x : weight) + static_cast<int64_t>(global_row) * hidden +
@@ -116,8 +137,8 @@ __global__ void __launch_bounds__(kThreads) router_logits_kernel(const __nv_bflo
     }
   };
   uint4 next[kPieces];
-  load_step(0, next);
-  for (int32_t k0 = 0; k0 < hidden; k0 += kTileK) {
+  load_step(k_begin, next);
+  for (int32_t k0 = k_begin; k0 < k_end; k0 += kTileK) {
 #pragma unroll
     for (int i = 0; i < kPieces; ++i) {
       const Piece p = piece_of(static_cast<int>(threadIdx.x) + i * kThreads);
@@ -125,7 +146,7 @@ __global__ void __launch_bounds__(kThreads) router_logits_kernel(const __nv_bflo
     }
     __syncthreads();
     // The next step's loads are in flight while the tensor cores work on this one.
-    if (k0 + kTileK < hidden) load_step(k0 + kTileK, next);
+    if (k0 + kTileK < k_end) load_step(k0 + kTileK, next);
 #pragma unroll
     for (int kk = 0; kk < kTileK; kk += 16) {
       wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
@@ -143,11 +164,46 @@ __global__ void __launch_bounds__(kThreads) router_logits_kernel(const __nv_bflo
 #pragma unroll
   for (int n = 0; n < kTileExperts / 16; ++n)
     wmma::store_matrix_sync(tile_out + warp * 16 * kTileExperts + n * 16, acc[n], kTileExperts, wmma::mem_row_major);
-  __syncthreads();
-  for (int i = static_cast<int>(threadIdx.x); i < kTileTokens * kTileExperts; i += kThreads) {
+  // Each block of the cluster sums its share of the tile over every block's partial tile, in the
+  // blocks' order (deterministic), then waits until its peers have read its own.
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int splits = static_cast<int>(gridDim.z), rank = static_cast<int>(blockIdx.z);
+  for (int i = static_cast<int>(threadIdx.x) + rank * kThreads; i < kTileTokens * kTileExperts;
+       i += kThreads * splits) {
     const int32_t token = token0 + i / kTileExperts, expert = expert0 + i % kTileExperts;
-    if (token < tokens && expert < experts) logits[static_cast<int64_t>(token) * experts + expert] = tile_out[i];
+    float sum = 0.0f;
+    for (int part = 0; part < splits; ++part) sum += cluster.map_shared_rank(tile_out, part)[i];
+    if (token < tokens && expert < experts) logits[static_cast<int64_t>(token) * experts + expert] = sum;
   }
+  cluster.sync();
+}
+
+// The tiles' launch: overlapped with the stream's previous kernel or not (launch_kernel's two forms),
+// with the K split's blocks as one cluster.
+cudaError_t launch_tiles(const __nv_bfloat16* x, const __nv_bfloat16* weight, float* logits, int32_t tokens,
+                         int32_t hidden, int32_t experts, cudaStream_t stream, bool overlapped) {
+  const int64_t token_tiles = (tokens + kTileTokens - 1) / kTileTokens;
+  const int64_t expert_tiles = (experts + kTileExperts - 1) / kTileExperts;
+  const int splits = k_splits(token_tiles * expert_tiles, hidden);
+  const int32_t steps = (hidden + kTileK - 1) / kTileK;
+  const int32_t split_k = (steps + splits - 1) / splits * kTileK;
+  cudaLaunchAttribute attributes[2]{};
+  attributes[0].id = cudaLaunchAttributeClusterDimension;
+  attributes[0].val.clusterDim.x = 1;
+  attributes[0].val.clusterDim.y = 1;
+  attributes[0].val.clusterDim.z = static_cast<unsigned>(splits);
+  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(token_tiles), static_cast<unsigned>(expert_tiles),
+                        static_cast<unsigned>(splits));
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  config.attrs = attributes;
+  config.numAttrs = overlapped ? 2 : 1;
+  return cudaLaunchKernelEx(&config, router_logits_kernel, x, weight, logits, tokens, hidden, experts, split_k);
 }
 
 }  // namespace
@@ -185,10 +241,7 @@ void detail::router_logits(const TensorView& x, const TensorView& weight, const 
       tokens <= kFewTokens
           ? launch_kernel(router_logits_few_tokens_kernel, dim3(static_cast<unsigned>(experts)), dim3(kFewThreads), 0,
                           stream, overlapped, x_data, weight_data, logits.as<float>(), t, h, e)
-          : launch_kernel(router_logits_kernel,
-                          dim3(static_cast<unsigned>((tokens + kTileTokens - 1) / kTileTokens),
-                               static_cast<unsigned>((experts + kTileExperts - 1) / kTileExperts)),
-                          dim3(kThreads), 0, stream, overlapped, x_data, weight_data, logits.as<float>(), t, h, e);
+          : launch_tiles(x_data, weight_data, logits.as<float>(), t, h, e, stream, overlapped);
   require(status == cudaSuccess, "router_logits", "launch failed: ", cudaGetErrorString(status));
 }
 
