@@ -673,6 +673,16 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
+Problem baseline_check_problem(const Problem& timed) {
+  Problem check = timed;
+  check.recipe = Recipe::bf16;
+  check.max_tokens_per_rank = kCheckTokens;
+  // The check calls the layer in batch form: a front ring sized for --tokens need not hold its tokens.
+  check.front_num_slots = 0;
+  check.front_tokens_per_slot = 0;
+  return check;
+}
+
 // ---- Command line ------------------------------------------------------------------------------
 
 const char* bench_usage() {
@@ -934,12 +944,7 @@ void run_bench(const BenchOptions& options) {
                                              options.routing, options.seed));
   }
   if (with_baseline) {
-    data.check_problem = problem;
-    data.check_problem.recipe = Recipe::bf16;
-    data.check_problem.max_tokens_per_rank = kCheckTokens;
-    // The check calls the layer in batch form: a front ring sized for --tokens need not hold its tokens.
-    data.check_problem.front_num_slots = 0;
-    data.check_problem.front_tokens_per_slot = 0;
+    data.check_problem = baseline_check_problem(problem);
     data.check_batches =
         synthetic_batches(data.check_problem, std::vector<int32_t>(static_cast<size_t>(ranks), kCheckTokens),
                           options.routing, options.seed);

@@ -53,6 +53,10 @@ BenchOptions parse_bench(const std::vector<std::string>& args);
 // The usage lines of `megamoe bench`, for `megamoe help`.
 const char* bench_usage();
 
+// The small bf16 problem on which the baseline is checked against the fused layer before any timing
+// (every rank's rows as the timed problem's, 32 tokens per rank, no front ring).
+Problem baseline_check_problem(const Problem& timed);
+
 // Runs the benchmark and writes the report; throws megamoe::Error when it cannot.
 void run_bench(const BenchOptions& options);
 

@@ -111,6 +111,16 @@ TEST(BenchFlags, StreamingTimesTheProducersAndGivesTheBufferARing) {
   const BenchOptions large = parse_bench(
       {"--preset", "deepseek-v3", "--ranks", "8", "--tokens", "8192", "--streaming", "on", "--out", "l.json"});
   EXPECT_EQ(large.problem.wave_tokens, 8192);
+  // The baseline check's 32-token problem is valid beside a ring sized for fewer tokens (a run with
+  // --tokens 1,8 was refused before any timing).
+  const BenchOptions small =
+      parse_bench({"--preset", "deepseek-v3", "--tokens", "1,8", "--streaming", "on", "--out", "l.json"});
+  EXPECT_EQ(small.problem.front_num_slots * small.problem.front_tokens_per_slot, 16);
+  const Problem check = baseline_check_problem(small.problem);
+  EXPECT_EQ(check.max_tokens_per_rank, 32);
+  EXPECT_EQ(check.recipe, Recipe::bf16);
+  EXPECT_EQ(check.front_num_slots, 0);
+  EXPECT_NO_THROW(validate(check));
 }
 
 TEST(BenchFlags, InputsAreCopiedUnlessToldBuffer) {
