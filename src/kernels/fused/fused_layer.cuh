@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     finish_cta(s, thread);
   } else if (warpgroup > Config::kMathWarpgroups) {  // converters; none without them (kThreads)
     ptx::setmaxnreg_decrease<gemm::kProducerRegisters<Config>>();
-    convert_fused(s, 96 + 128 * (warpgroup - 1 - Config::kMathWarpgroups) + thread % 128, lane);
+    convert_fused(s, kDispatchThreads + 128 * (warpgroup - 1 - Config::kMathWarpgroups) + thread % 128, lane);
     finish_cta(s, thread);
   } else {
     ptx::setmaxnreg_increase<gemm::kMathRegisters<Config>>();

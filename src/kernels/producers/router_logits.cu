@@ -96,8 +96,7 @@ constexpr int kMaxSplits = 8;
 constexpr int kTargetBlocks = 256;   // about two blocks per SM
 constexpr int kMinStepsPerSplit = 8;
 
-int k_splits(int64_t tiles, int32_t hidden) {
-  const int32_t steps = (hidden + kTileK - 1) / kTileK;
+int k_splits(int64_t tiles, int32_t steps) {
   int splits = 1;
   while (splits < kMaxSplits && tiles * splits * 2 <= kTargetBlocks && steps / (splits * 2) >= kMinStepsPerSplit)
     splits *= 2;
@@ -180,30 +179,20 @@ __global__ void __launch_bounds__(kThreads) router_logits_kernel(const __nv_bflo
   cluster.sync();
 }
 
-// The tiles' launch: overlapped with the stream's previous kernel or not (launch_kernel's two forms),
-// with the K split's blocks as one cluster.
+// The tiles' launch: overlapped with the stream's previous kernel or not, with the K split's blocks as
+// one cluster.
 cudaError_t launch_tiles(const __nv_bfloat16* x, const __nv_bfloat16* weight, float* logits, int32_t tokens,
                          int32_t hidden, int32_t experts, cudaStream_t stream, bool overlapped) {
   const int64_t token_tiles = (tokens + kTileTokens - 1) / kTileTokens;
   const int64_t expert_tiles = (experts + kTileExperts - 1) / kTileExperts;
-  const int splits = k_splits(token_tiles * expert_tiles, hidden);
   const int32_t steps = (hidden + kTileK - 1) / kTileK;
+  const int splits = k_splits(token_tiles * expert_tiles, steps);
   const int32_t split_k = (steps + splits - 1) / splits * kTileK;
-  cudaLaunchAttribute attributes[2]{};
-  attributes[0].id = cudaLaunchAttributeClusterDimension;
-  attributes[0].val.clusterDim.x = 1;
-  attributes[0].val.clusterDim.y = 1;
-  attributes[0].val.clusterDim.z = static_cast<unsigned>(splits);
-  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attributes[1].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(token_tiles), static_cast<unsigned>(expert_tiles),
-                        static_cast<unsigned>(splits));
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  config.attrs = attributes;
-  config.numAttrs = overlapped ? 2 : 1;
-  return cudaLaunchKernelEx(&config, router_logits_kernel, x, weight, logits, tokens, hidden, experts, split_k);
+  return launch_kernel_in_clusters(router_logits_kernel,
+                                   dim3(static_cast<unsigned>(token_tiles), static_cast<unsigned>(expert_tiles),
+                                        static_cast<unsigned>(splits)),
+                                   dim3(1, 1, static_cast<unsigned>(splits)), dim3(kThreads), 0, stream, overlapped, x,
+                                   weight, logits, tokens, hidden, experts, split_k);
 }
 
 }  // namespace
