@@ -2,8 +2,8 @@
 # The Python package and the installed C++ package, on the build tree of tools/test.sh (run after it):
 #   1. `pip install .` into a venv (build/pyvenv), reusing the CMake build tree `build`, so that only
 #      the extension compiles (the library, tests and tools are already built there);
-#   2. `python -c "import megamoe"` and the pytest suite (python/tests; its GPU tests skip without
-#      torch and a Hopper GPU);
+#   2. `python -c "import megamoe"` and the pytest suite (python/tests, with torch installed; its GPU tests
+#      skip without a Hopper GPU);
 #   3. `cmake --install` into build/install and a consumer project (examples/cmake_consumer) that finds it with
 #      find_package(megamoe CONFIG), builds, links and runs.
 # Needs python3 (3.9+) with venv and its headers (python3-dev, python3-venv: tools/setup.sh --python), and PyPI.
@@ -18,6 +18,9 @@ if [ ! -x "$build/pyvenv/bin/python" ]; then
 fi
 py="$build/pyvenv/bin/python"
 "$py" -m pip install --quiet --disable-pip-version-check numpy pytest "nanobind>=2.4" "scikit-build-core>=0.10"
+# torch too (about a minute from PyPI; used on the CPU here): megamoe.torch's calls inside torch.compile
+# are tested with a stand-in for the extension's buffer (python/tests/test_torch_compile.py).
+"$py" -m pip install --quiet --disable-pip-version-check "torch>=2.5"
 # The same options as tools/test.sh's configure, so the build tree is reused as it is.
 MEGAMOE_BUILD_TESTS=ON MEGAMOE_BUILD_TOOLS=ON MEGAMOE_TSAN=ON \
   "$py" -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps \

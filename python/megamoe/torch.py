@@ -12,22 +12,35 @@ A :class:`Buffer` bootstraps this library's own NCCL communicator from a unique 
 shapes disagree all raise ValueError naming the field), and exposes its input regions as torch tensors:
 write ``x``, ``x_sf``, ``topk_idx`` and ``topk_weights`` into their first ``num_tokens`` rows, then call.
 Calls run on torch's current stream with no host synchronization and no allocation, so they can be
-captured with ``torch.cuda.graph``. Argument errors raise ValueError naming the argument; errors the
+captured with ``torch.cuda.graph``; inside ``torch.compile`` they run as the custom operators
+``torch.ops.megamoe.mega_moe`` and ``megamoe::streamed_mega_moe`` (no graph break).
+Argument errors raise ValueError naming the argument; errors the
 kernels record (an expert id outside [-1, num_experts), a timeout) surface as RuntimeError from
 :meth:`Buffer.check_device_error`, which synchronizes. See docs/python.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
+import weakref
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
-
-import torch
-import torch.distributed as dist
+from typing import Dict, List, Optional, Tuple
 
 from . import _megamoe, make_problem
+
+try:
+    import torch
+except ImportError as error:
+    if "nccl" not in str(error).lower():
+        raise
+    # A process holds one libnccl.so.2: the first loaded, here the one megamoe's extension was built with.
+    raise ImportError(f"megamoe.torch: torch could not load its CUDA library beside the NCCL that megamoe "
+                      f"loaded ({error}). Import torch before megamoe, and build megamoe against torch's NCCL "
+                      f"(NCCL_ROOT=<the venv's nvidia/nccl> pip install .): megamoe refuses another NCCL "
+                      f"release than its build's when it creates a communicator") from error
+import torch.distributed as dist
 
 __all__ = [
     "Buffer",
@@ -205,6 +218,11 @@ class Buffer:
                 self._core.set_mx_staging(self.x.view(torch.uint8), self.x_sf.view(torch.uint8))
         else:
             self.x, self.x_sf = self._x, self._x_scales
+        # The caller's input tensors never move: CUDA graphs of torch.compile (mode "reduce-overhead") may
+        # then record calls whose steps write into them.
+        for tensor in (self.x, self.x_sf, self.topk_idx, self.topk_weights):
+            if tensor is not None:
+                torch._dynamo.mark_static_address(tensor)
         self.streaming = p.front_tokens_per_slot > 0
         # Streamed calls' scratch: the router's logits and the batch form's routes (made here, so that
         # no call allocates).
@@ -422,27 +440,19 @@ def transform_weights_for_mega_moe(l1_weights, l2_weights, activation: str = "sw
     return l1, l2
 
 
-def _layer_weights(buffer: Buffer, l1, l2, shared_l1, shared_l2):
-    parts = (l1, l2, shared_l1, shared_l2)
-    key = tuple(id(part) for part in parts)
-    cached = buffer._weights_cache.get(key)
-    if cached is not None and all(a is b for a, b in zip(cached[0], parts)):
-        return cached[1]
-    tensors = {}
-    for prefix, part, name in (("", l1, "l1_weights"), ("", l2, "l2_weights"), ("shared_", shared_l1, "shared_l1_weights"),
-                               ("shared_", shared_l2, "shared_l2_weights")):
+_WEIGHT_ARGUMENTS = ("l1_weights", "l2_weights", "shared_l1_weights", "shared_l2_weights")
+
+
+def _check_weights(buffer: Buffer, parts) -> None:
+    """The four weight arguments (l1, l2, shared l1, shared l2) against the buffer."""
+    for part, name in zip(parts, _WEIGHT_ARGUMENTS):
         if part is None:
             continue
         if not isinstance(part, MegaMoeWeights):
             raise ValueError(f"{name}: must come from transform_weights_for_mega_moe, got {type(part).__name__}")
         if part.recipe != buffer.recipe:
             raise ValueError(f"{name}: were prepared for recipe {part.recipe}, the buffer is for {buffer.recipe}")
-        stem = f"{prefix}w{part.linear}"
-        codes = part.tensors["w"]
-        tensors[stem] = codes.view(torch.uint8) if codes.dtype == _E4M3 else codes  # DLPack has no FP8 in older torch
-        for extra in ("scales", "shifts"):
-            if extra in part.tensors:
-                tensors[f"{stem}_{extra}"] = part.tensors[extra]
+    shared_l1, shared_l2 = parts[2], parts[3]
     if (shared_l1 is None) != (shared_l2 is None):
         raise ValueError("shared_l1_weights: shared_l1_weights and shared_l2_weights come together")
     if buffer.num_shared_experts > 0 and shared_l1 is None:
@@ -450,8 +460,26 @@ def _layer_weights(buffer: Buffer, l1, l2, shared_l1, shared_l2):
                          f"weights (transform_weights_for_mega_moe of the concatenated experts)")
     if buffer.num_shared_experts == 0 and shared_l1 is not None:
         raise ValueError("shared_l1_weights: the buffer was made with num_shared_experts=0")
+
+
+def _layer_weights(buffer: Buffer, parts):
+    """The extension's view of checked weights, made once per buffer and set of weights."""
+    key = tuple(id(part) for part in parts)
+    cached = buffer._weights_cache.get(key)
+    if cached is not None and all(a is b for a, b in zip(cached[0], parts)):
+        return cached[1]
+    tensors = {}
+    for prefix, part in zip(("", "", "shared_", "shared_"), parts):
+        if part is None:
+            continue
+        stem = f"{prefix}w{part.linear}"
+        codes = part.tensors["w"]
+        tensors[stem] = codes.view(torch.uint8) if codes.dtype == _E4M3 else codes  # DLPack has no FP8 in older torch
+        for extra in ("scales", "shifts"):
+            if extra in part.tensors:
+                tensors[f"{stem}_{extra}"] = part.tensors[extra]
     weights = _megamoe.layer_weights(buffer.recipe, tensors)
-    buffer._weights_cache[key] = ((l1, l2, shared_l1, shared_l2), weights)
+    buffer._weights_cache[key] = (parts, weights)
     return weights
 
 
@@ -473,17 +501,48 @@ def _check_y(y, buffer: Buffer) -> int:
     return y.shape[0]
 
 
-_SCHEDULES = ("staged", "fused")
-
-
-def _run(kind: str, y, l1_weights, l2_weights, sym_buffer: Buffer, stats, recipe, activation, activation_clamp,
-         shared_l1_weights, shared_l2_weights, num_tokens, schedule):
-    if schedule not in _SCHEDULES:
-        raise ValueError(f"schedule: must be 'staged' or 'fused', got {schedule!r}")
+def _check_buffer(sym_buffer) -> None:
     if not isinstance(sym_buffer, Buffer):
         raise ValueError(f"sym_buffer: must be a megamoe.torch.Buffer, got {type(sym_buffer).__name__}")
     if sym_buffer._core is None:
         raise ValueError("sym_buffer: was destroyed")
+
+
+def _check_stats(stats, b: Buffer) -> None:
+    if stats is not None and (not isinstance(stats, torch.Tensor) or stats.dtype not in (torch.int32, torch.int64)
+                              or tuple(stats.shape) != (b.num_experts_per_rank,) or stats.device != b.device
+                              or not stats.is_contiguous()):
+        raise ValueError(f"cumulative_local_expert_recv_stats: must be a contiguous int32 or int64 tensor "
+                         f"[{b.num_experts_per_rank}] on {b.device}, got "
+                         f"{getattr(stats, 'dtype', type(stats))} {list(getattr(stats, 'shape', []))}")
+
+
+def _stats_target(stats, b: Buffer):
+    """Where the launch adds the receive counts: int64 statistics directly, int32 ones through the scratch."""
+    return None if stats is None else stats if stats.dtype == torch.int64 else b._stats_scratch
+
+
+def _add_stats(stats, b: Buffer) -> None:
+    if stats is not None and stats.dtype == torch.int32:
+        with _on_stream(b):
+            stats.add_(b._stats_scratch)
+            b._stats_scratch.zero_()
+
+
+def _on_stream(b: Buffer):
+    stream = b.stream
+    return torch.cuda.stream(stream) if isinstance(stream, torch.cuda.Stream) else contextlib.nullcontext()
+
+
+_SCHEDULES = ("staged", "fused")
+
+
+def _check_call(kind, y, sym_buffer, stats, recipe, activation, activation_clamp, parts, num_tokens,
+                schedule) -> float:
+    """Every argument of a layer call; returns the clamp (0: none)."""
+    if schedule not in _SCHEDULES:
+        raise ValueError(f"schedule: must be 'staged' or 'fused', got {schedule!r}")
+    _check_buffer(sym_buffer)
     if activation != "swiglu":
         raise ValueError(f"activation: only 'swiglu' is supported, got {activation!r}")
     if sym_buffer.recipe != kind:
@@ -499,32 +558,28 @@ def _run(kind: str, y, l1_weights, l2_weights, sym_buffer: Buffer, stats, recipe
         if recipe not in want:
             raise ValueError(f"recipe: {recipe} does not match the buffer (activation_scales="
                              f"{sym_buffer.activation_scales!r} takes {want[0] if want else 'no recipe'})")
-    if activation_clamp is None:
-        clamp = 0.0
-    else:
+    clamp = 0.0
+    if activation_clamp is not None:
         clamp = float(activation_clamp)
         if math.isnan(clamp) or clamp < 0:
             raise ValueError(f"activation_clamp: must be positive (the clamp), 0 or None (no clamp), got {activation_clamp}")
-    stats64 = None
-    if stats is not None:
-        if not isinstance(stats, torch.Tensor) or stats.dtype not in (torch.int32, torch.int64) \
-                or tuple(stats.shape) != (sym_buffer.num_experts_per_rank,) or stats.device != sym_buffer.device \
-                or not stats.is_contiguous():
-            raise ValueError(f"cumulative_local_expert_recv_stats: must be a contiguous int32 or int64 tensor "
-                             f"[{sym_buffer.num_experts_per_rank}] on {sym_buffer.device}, got "
-                             f"{getattr(stats, 'dtype', type(stats))} {list(getattr(stats, 'shape', []))}")
-        stats64 = stats if stats.dtype == torch.int64 else sym_buffer._stats_scratch
-    weights = _layer_weights(sym_buffer, l1_weights, l2_weights, shared_l1_weights, shared_l2_weights)
-    stream = sym_buffer.stream
-    mx = sym_buffer.activation_scales == "mx"
-    if sym_buffer.waves_per_call == 1:
-        sym_buffer._core.run_from_buffer(kind, n, weights, y, _stream_of(stream), stats64, clamp, mx, schedule)
+    _check_stats(stats, sym_buffer)
+    _check_weights(sym_buffer, parts)
+    return clamp
+
+
+def _run(kind, y, sym_buffer: Buffer, stats, recipe, activation, activation_clamp, parts, num_tokens, schedule):
+    """A layer call: checks its arguments, then launches it on the buffer's stream."""
+    clamp = _check_call(kind, y, sym_buffer, stats, recipe, activation, activation_clamp, parts, num_tokens, schedule)
+    b, n = sym_buffer, y.shape[0]
+    weights = _layer_weights(b, parts)
+    stream, stats64 = _stream_of(b.stream), _stats_target(stats, b)
+    mx = b.activation_scales == "mx"
+    if b.waves_per_call == 1:
+        b._core.run_from_buffer(kind, n, weights, y, stream, stats64, clamp, mx, schedule)
     else:
-        _run_waves(kind, n, weights, y, sym_buffer, _stream_of(stream), stats64, clamp, mx, schedule)
-    if stats is not None and stats.dtype == torch.int32:
-        with torch.cuda.stream(stream):
-            stats.add_(sym_buffer._stats_scratch)
-            sym_buffer._stats_scratch.zero_()
+        _run_waves(kind, n, weights, y, b, stream, stats64, clamp, mx, schedule)
+    _add_stats(stats, b)
 
 
 def _run_waves(kind, n, weights, y, b: Buffer, stream: int, stats64, clamp, mx, schedule):
@@ -535,6 +590,83 @@ def _run_waves(kind, n, weights, y, b: Buffer, stream: int, stats64, clamp, mx, 
         with torch.cuda.device(b.device):
             _megamoe.convert_mx_activations(codes(b.x[:n]), b.x_sf[:n].view(torch.uint8), x, scales, stream)
     b._core.run(kind, n, x, scales, b.topk_idx[:n], b.topk_weights[:n], weights, y, stream, stats64, clamp, schedule)
+
+
+# ---- Inside torch.compile ------------------------------------------------------------------------------
+# Compiled code calls the layer through custom operators (torch.ops.megamoe.*), which the compiler keeps
+# opaque: no graph break, and the operator's tensor arguments order it after the writes into the
+# buffer's input tensors. An operator takes only tensors and plain values, so buffers, weights and
+# routers cross as handles, looked up again when the operator runs. Eager calls skip the operator (its
+# dispatch costs about 10 us of host time).
+
+_OBJECTS: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+
+
+@torch.compiler.assume_constant_result
+def _handle(obj) -> int:
+    """A handle for `obj` (-1 for None), registered while compiling: the compiled graph keeps the number."""
+    if obj is None:
+        return -1
+    _OBJECTS[id(obj)] = obj  # an id names one live object; the entry goes when the object does
+    return id(obj)
+
+
+def _objects(handles: List[int]) -> list:
+    found = []
+    for handle in handles:
+        obj = None if handle < 0 else _OBJECTS.get(handle)
+        if handle >= 0 and obj is None:
+            raise RuntimeError("megamoe: a compiled call's buffer, weights or router no longer exists; recompile "
+                               "with the live objects")
+        found.append(obj)
+    return found
+
+
+def _call_inputs(b: Buffer, n: int):
+    """The first n rows of the buffer's input tensors, as the caller writes them."""
+    return b.x[:n], (b.x_sf[:n] if b.x_sf is not None else None), b.topk_idx[:n], b.topk_weights[:n]
+
+
+def _adopt_inputs(b, given) -> None:
+    """A compiled graph may hand the operator the inputs' new values in tensors of its own (its
+    functional form of the writes into the buffer's): copy those into the buffer's tensors, which the
+    launch reads."""
+    if not isinstance(b, Buffer) or b._core is None or given[2].shape[0] > b.num_max_tokens_per_rank:
+        return  # _run says what is wrong
+    for own, new in zip(_call_inputs(b, given[2].shape[0]), given):
+        if own is not None and new is not None and new.data_ptr() != own.data_ptr() and new.shape == own.shape:
+            with _on_stream(b):
+                own.copy_(new)
+
+
+@torch.library.custom_op("megamoe::mega_moe", mutates_args=("y", "stats"))
+def _mega_moe_op(y: torch.Tensor, stats: Optional[torch.Tensor], x: torch.Tensor, x_sf: Optional[torch.Tensor],
+                 topk_idx: torch.Tensor, topk_weights: torch.Tensor, handles: List[int], kind: str,
+                 recipe: Optional[List[int]], activation: str, activation_clamp: Optional[float],
+                 num_tokens: Optional[int], schedule: str) -> None:
+    b, *parts = _objects(handles)
+    _adopt_inputs(b, (x, x_sf, topk_idx, topk_weights))
+    _run(kind, y, b, stats, recipe, activation, activation_clamp, tuple(parts), num_tokens, schedule)
+
+
+@_mega_moe_op.register_fake
+def _mega_moe_fake(y, stats, x, x_sf, topk_idx, topk_weights, handles, kind, recipe, activation, activation_clamp,
+                   num_tokens, schedule) -> None:
+    return None
+
+
+def _call(kind, y, l1, l2, sym_buffer, stats, recipe, activation, activation_clamp, shared_l1, shared_l2, num_tokens,
+          schedule) -> None:
+    parts = (l1, l2, shared_l1, shared_l2)
+    if not torch.compiler.is_compiling():
+        _run(kind, y, sym_buffer, stats, recipe, activation, activation_clamp, parts, num_tokens, schedule)
+        return
+    # While compiling: argument errors raise here, as in an eager call; the operator checks again when it runs.
+    clamp = _check_call(kind, y, sym_buffer, stats, recipe, activation, activation_clamp, parts, num_tokens, schedule)
+    handles = [_handle(sym_buffer)] + [_handle(part) for part in parts]
+    torch.ops.megamoe.mega_moe(y, stats, *_call_inputs(sym_buffer, y.shape[0]), handles, kind,
+                               None if recipe is None else [int(v) for v in recipe], activation, clamp,
+                               num_tokens, schedule)
 
 
 def fp8_fp4_mega_moe(y: torch.Tensor, l1_weights: MegaMoeWeights, l2_weights: MegaMoeWeights, sym_buffer: Buffer,
@@ -553,8 +685,8 @@ def fp8_fp4_mega_moe(y: torch.Tensor, l1_weights: MegaMoeWeights, l2_weights: Me
     uses the hardware exp2 and reciprocal here. ``schedule``: 'staged' (six launches, the default) or
     'fused' (one persistent launch; docs/fused.md says where each is faster). Every rank must pass the
     same one."""
-    _run("fp8_fp4", y, l1_weights, l2_weights, sym_buffer, cumulative_local_expert_recv_stats, recipe, activation,
-         activation_clamp, shared_l1_weights, shared_l2_weights, num_tokens, schedule)
+    _call("fp8_fp4", y, l1_weights, l2_weights, sym_buffer, cumulative_local_expert_recv_stats, recipe, activation,
+          activation_clamp, shared_l1_weights, shared_l2_weights, num_tokens, schedule)
 
 
 def fp8_mega_moe(y: torch.Tensor, l1_weights: MegaMoeWeights, l2_weights: MegaMoeWeights, sym_buffer: Buffer,
@@ -566,8 +698,8 @@ def fp8_mega_moe(y: torch.Tensor, l1_weights: MegaMoeWeights, l2_weights: MegaMo
                  schedule: str = "staged") -> None:
     """As :func:`fp8_fp4_mega_moe` with FP8 weights in 128x128 blocks (DeepSeek-V3's); ``recipe`` (1, 128,
     128) or None."""
-    _run("fp8", y, l1_weights, l2_weights, sym_buffer, cumulative_local_expert_recv_stats, recipe, activation,
-         activation_clamp, shared_l1_weights, shared_l2_weights, num_tokens, schedule)
+    _call("fp8", y, l1_weights, l2_weights, sym_buffer, cumulative_local_expert_recv_stats, recipe, activation,
+          activation_clamp, shared_l1_weights, shared_l2_weights, num_tokens, schedule)
 
 
 def bf16_mega_moe(y: torch.Tensor, l1_weights: MegaMoeWeights, l2_weights: MegaMoeWeights, sym_buffer: Buffer,
@@ -577,8 +709,8 @@ def bf16_mega_moe(y: torch.Tensor, l1_weights: MegaMoeWeights, l2_weights: MegaM
                   shared_l2_weights: Optional[MegaMoeWeights] = None, num_tokens: Optional[int] = None,
                   schedule: str = "staged") -> None:
     """As :func:`fp8_fp4_mega_moe` with BF16 activations and weights (DeepGEMM's bf16_mega_moe signature)."""
-    _run("bf16", y, l1_weights, l2_weights, sym_buffer, cumulative_local_expert_recv_stats, None, activation,
-         activation_clamp, shared_l1_weights, shared_l2_weights, num_tokens, schedule)
+    _call("bf16", y, l1_weights, l2_weights, sym_buffer, cumulative_local_expert_recv_stats, None, activation,
+          activation_clamp, shared_l1_weights, shared_l2_weights, num_tokens, schedule)
 
 
 def streamed_mega_moe(y: torch.Tensor, x: torch.Tensor, router_weight: torch.Tensor, router, l1_weights: MegaMoeWeights,
@@ -602,11 +734,22 @@ def streamed_mega_moe(y: torch.Tensor, x: torch.Tensor, router_weight: torch.Ten
     for a call of ``uniform_tokens`` (``sym_buffer.call_form(n)`` says which). Every rank must run a call in
     the same form, so ``uniform_tokens`` must be the same on every rank: the most tokens any rank has in the
     call, e.g. the padded batch size (default: the buffer's ``num_max_tokens_per_rank``)."""
-    b = sym_buffer
-    if not isinstance(b, Buffer):
-        raise ValueError(f"sym_buffer: must be a megamoe.torch.Buffer, got {type(b).__name__}")
-    if b._core is None:
-        raise ValueError("sym_buffer: was destroyed")
+    parts = (l1_weights, l2_weights, shared_l1_weights, shared_l2_weights)
+    stats = cumulative_local_expert_recv_stats
+    if not torch.compiler.is_compiling():
+        _run_streamed(y, x, router_weight, router, sym_buffer, stats, router_bias, router_logits, parts, form,
+                      uniform_tokens)
+        return
+    uniform = _check_streamed(y, x, router_weight, router, sym_buffer, stats, router_bias, router_logits, parts, form,
+                              uniform_tokens)
+    handles = [_handle(sym_buffer), _handle(router)] + [_handle(part) for part in parts]
+    torch.ops.megamoe.streamed_mega_moe(y, stats, router_logits, x, router_weight, router_bias, handles, form, uniform)
+
+
+def _check_streamed(y, x, router_weight, router, b, stats, router_bias, router_logits, parts, form,
+                    uniform_tokens) -> int:
+    """Every argument of a streamed call; returns uniform_tokens as an int (0: the buffer's maximum)."""
+    _check_buffer(b)
     if not b.streaming:
         raise ValueError("sym_buffer: streamed calls need a buffer made with streaming=True")
     if not isinstance(router, _megamoe.RouterConfig):
@@ -622,38 +765,49 @@ def streamed_mega_moe(y: torch.Tensor, x: torch.Tensor, router_weight: torch.Ten
     if router_bias is not None and (not isinstance(router_bias, torch.Tensor) or router_bias.dtype != torch.float32
                                     or tuple(router_bias.shape) != (b.num_experts,) or router_bias.device != b.device):
         raise ValueError(f"router_bias: must be a float32 tensor [{b.num_experts}] on {b.device}")
-    stats = cumulative_local_expert_recv_stats
-    stats64 = None
-    if stats is not None:
-        if not isinstance(stats, torch.Tensor) or stats.dtype not in (torch.int32, torch.int64) \
-                or tuple(stats.shape) != (b.num_experts_per_rank,) or stats.device != b.device \
-                or not stats.is_contiguous():
-            raise ValueError(f"cumulative_local_expert_recv_stats: must be a contiguous int32 or int64 tensor "
-                             f"[{b.num_experts_per_rank}] on {b.device}")
-        stats64 = stats if stats.dtype == torch.int64 else b._stats_scratch
-    if router_logits is not None:
-        if not isinstance(router_logits, torch.Tensor) or router_logits.dtype != torch.float32 \
-                or tuple(router_logits.shape) != (n, b.num_experts) or router_logits.device != b.device \
-                or not router_logits.is_contiguous():
-            raise ValueError(f"router_logits: must be a contiguous float32 tensor [{n}, {b.num_experts}] on {b.device}")
-        logits = router_logits
-    else:
-        logits = b._logits[:n]
+    _check_stats(stats, b)
+    if router_logits is not None and (
+            not isinstance(router_logits, torch.Tensor) or router_logits.dtype != torch.float32
+            or tuple(router_logits.shape) != (n, b.num_experts) or router_logits.device != b.device
+            or not router_logits.is_contiguous()):
+        raise ValueError(f"router_logits: must be a contiguous float32 tensor [{n}, {b.num_experts}] on {b.device}")
     if form not in ("automatic", "streamed", "batch"):
         raise ValueError(f"form: must be 'automatic', 'streamed' or 'batch', got {form!r}")
-    if uniform_tokens is not None:
+    _check_weights(b, parts)
+    if uniform_tokens is None:
+        return 0
+    if not isinstance(uniform_tokens, bool):
         try:
-            if isinstance(uniform_tokens, bool):
-                raise TypeError
-            uniform_tokens = operator.index(uniform_tokens)  # int, numpy and torch integers alike
+            return operator.index(uniform_tokens)  # int, numpy and torch integers alike
         except TypeError:
-            raise ValueError(f"uniform_tokens: must be an int (the same on every rank), got {uniform_tokens!r}") from None
+            pass
+    raise ValueError(f"uniform_tokens: must be an int (the same on every rank), got {uniform_tokens!r}")
+
+
+def _run_streamed(y, x, router_weight, router, b: Buffer, stats, router_bias, router_logits, parts, form,
+                  uniform_tokens) -> None:
+    """A streamed call: checks its arguments, then launches the producers and the layer on the buffer's stream."""
+    uniform = _check_streamed(y, x, router_weight, router, b, stats, router_bias, router_logits, parts, form,
+                              uniform_tokens)
+    n = y.shape[0]
+    logits = router_logits if router_logits is not None else b._logits[:n]
     # The batch form's routes (automatic needs them alike, whichever form it picks).
     topk_idx = None if form == "streamed" else b._topk_idx_scratch[:n]
-    weights = _layer_weights(b, l1_weights, l2_weights, shared_l1_weights, shared_l2_weights)
-    b._core.run_streamed(router, x, router_weight, router_bias, logits, weights, y, _stream_of(b.stream), stats64,
-                         form, uniform_tokens or 0, topk_idx)
-    if stats is not None and stats.dtype == torch.int32:
-        with torch.cuda.stream(b.stream):
-            stats.add_(b._stats_scratch)
-            b._stats_scratch.zero_()
+    b._core.run_streamed(router, x, router_weight, router_bias, logits, _layer_weights(b, parts), y,
+                         _stream_of(b.stream), _stats_target(stats, b), form, uniform, topk_idx)
+    _add_stats(stats, b)
+
+
+@torch.library.custom_op("megamoe::streamed_mega_moe", mutates_args=("y", "stats", "router_logits"))
+def _streamed_mega_moe_op(y: torch.Tensor, stats: Optional[torch.Tensor], router_logits: Optional[torch.Tensor],
+                          x: torch.Tensor, router_weight: torch.Tensor, router_bias: Optional[torch.Tensor],
+                          handles: List[int], form: str, uniform_tokens: int) -> None:
+    b, router, *parts = _objects(handles)
+    _run_streamed(y, x, router_weight, router, b, stats, router_bias, router_logits, tuple(parts), form,
+                  uniform_tokens)
+
+
+@_streamed_mega_moe_op.register_fake
+def _streamed_mega_moe_fake(y, stats, router_logits, x, router_weight, router_bias, handles, form,
+                            uniform_tokens) -> None:
+    return None

@@ -834,7 +834,8 @@ NB_MODULE(_megamoe, m) {
         return BufferLayout::make(p).total_bytes;
       });
 
-  nb::class_<RouterConfig>(m, "RouterConfig",
+  // Weak references: compiled calls name a router by a handle (megamoe.torch).
+  nb::class_<RouterConfig>(m, "RouterConfig", nb::is_weak_referenceable(),
                            "The router before the layer (megamoe/router.h): softmax or DeepSeek's grouped sigmoid")
       .def(nb::init<>())
       .def_rw("num_experts", &RouterConfig::num_experts)

@@ -9,6 +9,13 @@ import sys
 
 import pytest
 
+# torch before the extension, where torch is installed: a process keeps the first NCCL library it loads,
+# and torch's CUDA library needs its own release, which need not be the one megamoe was built with.
+try:
+    import torch  # noqa: F401
+except ImportError:
+    pass
+
 # Tests run against the installed package, or the build tree's copy when MEGAMOE_PYTHONPATH names it.
 if os.environ.get("MEGAMOE_PYTHONPATH"):
     sys.path.insert(0, os.environ["MEGAMOE_PYTHONPATH"])

@@ -78,3 +78,14 @@ def test_wave_tokens_bound_the_buffer():
     assert "wave_tokens=4096" in waves.describe()
     with pytest.raises(ValueError, match="wave_tokens"):
         megamoe.make_problem(**shape, wave_tokens=-1)
+
+
+def test_megamoe_torch_imported_first_works_or_says_why():
+    """`import megamoe.torch` loads megamoe's extension before torch. Where megamoe was built with another
+    NCCL release than torch's, torch cannot then load its CUDA library: the error says what to do."""
+    pytest.importorskip("torch")
+    package_parent = os.path.dirname(os.path.dirname(megamoe.__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([package_parent, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", "import megamoe, megamoe.torch"], capture_output=True, text=True,
+                         env=env)
+    assert out.returncode == 0 or "Import torch before megamoe" in out.stderr, out.stderr

@@ -1,0 +1,198 @@
+"""megamoe.torch inside torch.compile, on the CPU (skipped without torch): the calls trace as one graph
+through the custom operators torch.ops.megamoe.*, run after the writes into the buffer's input tensors
+that precede them, and raise the eager calls' argument errors. The layer itself is a stand-in here (a
+buffer whose extension object records each launch); tests/gpu/test_torch_compile.py runs the real one."""
+
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import megamoe  # noqa: E402
+import megamoe.torch as mt  # noqa: E402
+
+HIDDEN, EXPERTS, TOP_K, MAX_TOKENS = 256, 8, 2, 16
+
+
+class RecordingCore:
+    """Stands in for the extension's symmetric buffer: each launch records the inputs it reads from the
+    buffer at that moment and writes y = x * (sum of the route weights), and the routes into the
+    statistics, so that a test sees which values a launch read."""
+
+    def __init__(self, buffer):
+        self.buffer = buffer
+        self.launches = []
+
+    def _record(self, kind, x, idx, w, weights, y, stats64, **extra):
+        self.launches.append(dict(kind=kind, x=x.float().clone(), idx=idx.clone(), weights=weights, **extra))
+        y.copy_((x.float() * w.sum(1, keepdim=True)).to(torch.bfloat16))
+        if stats64 is not None:
+            routed = idx[idx >= 0].long()
+            stats64 += torch.bincount(routed % self.buffer.num_experts_per_rank,
+                                      minlength=self.buffer.num_experts_per_rank)
+
+    def run_from_buffer(self, kind, n, weights, y, stream, stats64, clamp, mx, schedule):
+        b = self.buffer
+        self._record(kind, b.x[:n], b.topk_idx[:n], b.topk_weights[:n], weights, y, stats64, clamp=clamp,
+                     schedule=schedule)
+
+    def run_streamed(self, router, x, router_weight, router_bias, logits, weights, y, stream, stats64, form,
+                     uniform_tokens, topk_idx):
+        logits.copy_(x.float() @ router_weight.float().T)
+        w, idx = logits.softmax(-1).topk(router.top_k, dim=-1)
+        self._record("streamed", x, idx.int(), w, weights, y, stats64, form=form, uniform_tokens=uniform_tokens)
+
+
+def recording_buffer(recipe="bf16", streaming=False):
+    """A megamoe.torch.Buffer on the CPU whose launches RecordingCore takes (the attributes Buffer.__init__
+    sets from the extension's buffer, for a one-wave buffer of one rank)."""
+    b = mt.Buffer.__new__(mt.Buffer)
+    b.recipe, b.hidden, b.num_max_tokens_per_rank = recipe, HIDDEN, MAX_TOKENS
+    b.num_experts, b.num_topk, b.num_experts_per_rank, b.num_shared_experts = EXPERTS, TOP_K, EXPERTS, 0
+    b.rank, b.num_ranks, b.waves_per_call, b.activation_scales = 0, 1, 1, "block"
+    b.device, b.streaming = torch.device("cpu"), streaming
+    x_dtype = torch.bfloat16 if recipe == "bf16" else torch.float8_e4m3fn
+    b._x = b.x = torch.zeros((MAX_TOKENS, HIDDEN), dtype=x_dtype)
+    b._x_scales = b.x_sf = None if recipe == "bf16" else torch.ones((MAX_TOKENS, HIDDEN // 128))
+    b.topk_idx = torch.full((MAX_TOKENS, TOP_K), -1, dtype=torch.int32)
+    b.topk_weights = torch.zeros((MAX_TOKENS, TOP_K))
+    b._logits = torch.zeros((MAX_TOKENS, EXPERTS)) if streaming else None
+    b._topk_idx_scratch = torch.zeros((MAX_TOKENS, TOP_K), dtype=torch.int32) if streaming else None
+    b._stats_scratch = torch.zeros(EXPERTS, dtype=torch.int64)
+    b._weights_cache = {}
+    b._emulated, b._external_stream = True, types.SimpleNamespace(cuda_stream=0)  # no CUDA stream on the CPU
+    b._core = RecordingCore(b)
+    return b
+
+
+def weights(recipe="bf16"):
+    l1 = mt.MegaMoeWeights(recipe, 1, EXPERTS, 2 * 128, HIDDEN, {"w": torch.zeros(1)})
+    l2 = mt.MegaMoeWeights(recipe, 2, EXPERTS, HIDDEN, 128, {"w": torch.zeros(1)})
+    return l1, l2
+
+
+@pytest.fixture(autouse=True)
+def cpu_weights(monkeypatch):
+    """The extension's weight view needs CUDA tensors: a stand-in naming the weights it was made from."""
+    monkeypatch.setattr(mt, "_layer_weights", lambda buffer, parts: parts)
+    torch._dynamo.reset()
+
+
+def inputs(seed, n, recipe="bf16"):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn((n, HIDDEN), generator=g).to(torch.bfloat16 if recipe == "bf16" else torch.float8_e4m3fn)
+    idx = torch.randint(0, EXPERTS, (n, TOP_K), generator=g, dtype=torch.int32)
+    return x, idx, torch.rand((n, TOP_K), generator=g)
+
+
+def test_the_operators_are_registered():
+    layer = torch.ops.megamoe.mega_moe.default._schema
+    streamed = torch.ops.megamoe.streamed_mega_moe.default._schema
+    assert [a.name for a in layer.arguments if a.is_write] == ["y", "stats"]
+    assert [a.name for a in streamed.arguments if a.is_write] == ["y", "stats", "router_logits"]
+    assert not layer.returns and not streamed.returns
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_a_compiled_call_is_one_graph_and_reads_what_was_written_before_it(backend):
+    b, (l1, l2) = recording_buffer(), weights()
+    stats = torch.zeros(EXPERTS, dtype=torch.int64)
+
+    def step(x, idx, w, y):
+        n = x.shape[0]
+        b.x[:n].copy_(x)
+        b.topk_idx[:n].copy_(idx)
+        b.topk_weights[:n].copy_(w)
+        mt.bf16_mega_moe(y, l1, l2, b, stats, schedule="fused")
+        return y.float() * 2
+
+    compiled = torch.compile(step, fullgraph=True, backend=backend)
+    for seed, n in ((1, 5), (2, 5), (3, 9)):
+        x, idx, w = inputs(seed, n)
+        y = torch.empty((n, HIDDEN), dtype=torch.bfloat16)
+        before = stats.clone()
+        out = compiled(x, idx, w, y)
+        launch = b._core.launches[-1]
+        assert torch.equal(launch["x"], x.float()) and torch.equal(launch["idx"], idx), "the launch read stale inputs"
+        assert launch["schedule"] == "fused" and launch["weights"] == (l1, l2, None, None)
+        want = (x.float() * w.sum(1, keepdim=True)).to(torch.bfloat16)
+        assert torch.equal(y, want) and torch.equal(out, want.float() * 2)
+        assert torch.equal(stats - before, torch.bincount(idx.flatten().long(), minlength=EXPERTS))
+    assert len(b._core.launches) == 3
+
+
+def test_compiled_and_eager_calls_agree_for_fp8():
+    b, (l1, l2) = recording_buffer("fp8"), weights("fp8")
+
+    def step(x, idx, w, y, stats):
+        n = x.shape[0]
+        b.x[:n].copy_(x)
+        b.topk_idx[:n].copy_(idx)
+        b.topk_weights[:n].copy_(w)
+        mt.fp8_mega_moe(y, l1, l2, b, stats, recipe=(1, 128, 128), activation_clamp=10)
+        return y
+
+    x, idx, w = inputs(4, 7, "fp8")
+    results = []
+    for fn in (step, torch.compile(step, fullgraph=True, backend="aot_eager")):
+        y, stats = torch.empty((7, HIDDEN), dtype=torch.bfloat16), torch.zeros(EXPERTS, dtype=torch.int32)
+        results.append((fn(x, idx, w, y, stats).clone(), stats.clone(), b._core.launches[-1]["clamp"]))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    assert results[0][2] == results[1][2] == 10.0
+
+
+def test_argument_errors_raise_as_in_eager_calls():
+    b, (l1, l2) = recording_buffer(), weights()
+    y = torch.empty((4, HIDDEN), dtype=torch.bfloat16)
+    cases = [(dict(schedule="overlapped"), "^schedule: must be 'staged' or 'fused'"),
+             (dict(activation_clamp=-1.0), "^activation_clamp"),
+             (dict(l1="weights"), "^l1_weights: must come from transform_weights_for_mega_moe"),
+             (dict(y=y[:, :128]), "^y: must be bfloat16"),
+             (dict(stats=torch.zeros(3, dtype=torch.int64)), "^cumulative_local_expert_recv_stats")]
+    for change, message in cases:
+        args = dict(y=y, l1=l1, l2=l2, stats=None, schedule="staged", activation_clamp=None)
+        args.update(change)
+
+        def call(args=args):
+            mt.bf16_mega_moe(args["y"], args["l1"], args["l2"], b, args["stats"], schedule=args["schedule"],
+                             activation_clamp=args["activation_clamp"])
+
+        for fn in (call, torch.compile(call, backend="eager")):
+            with pytest.raises(ValueError, match=message):
+                fn()
+    assert not b._core.launches
+
+
+def test_the_operator_passes_opcheck():
+    """torch.library.opcheck: the schema's mutations are the ones the operator makes, its fake form and
+    the compiler's functional form (which may hand it copies of the inputs) run alike."""
+    b, (l1, l2) = recording_buffer(), weights()
+    x, idx, w = inputs(5, 6)
+    b.x[:6].copy_(x)
+    b.topk_idx[:6].copy_(idx)
+    b.topk_weights[:6].copy_(w)
+    y, stats = torch.zeros((6, HIDDEN), dtype=torch.bfloat16), torch.zeros(EXPERTS, dtype=torch.int64)
+    handles = [mt._handle(o) for o in (b, l1, l2, None, None)]
+    args = (y, stats, b.x[:6], None, b.topk_idx[:6], b.topk_weights[:6], handles, "bf16", None, "swiglu", None, None,
+            "staged")
+    torch.library.opcheck(torch.ops.megamoe.mega_moe.default, args)
+
+
+def test_a_compiled_streamed_call_is_one_graph():
+    b, (l1, l2) = recording_buffer(streaming=True), weights()
+    router = megamoe.softmax_router(EXPERTS, TOP_K)
+    router_weight = torch.randn((EXPERTS, HIDDEN), generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+
+    def step(x, y, logits):
+        mt.streamed_mega_moe(y, x, router_weight, router, l1, l2, b, router_logits=logits, form="batch",
+                             uniform_tokens=8)
+        return logits.sum()
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    x = torch.randn((8, HIDDEN), generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    y, logits = torch.empty((8, HIDDEN), dtype=torch.bfloat16), torch.zeros((8, EXPERTS))
+    total = compiled(x, y, logits)
+    launch = b._core.launches[-1]
+    assert launch["form"] == "batch" and launch["uniform_tokens"] == 8 and torch.equal(launch["x"], x.float())
+    assert torch.allclose(logits, x.float() @ router_weight.float().T) and torch.allclose(total, logits.sum())
