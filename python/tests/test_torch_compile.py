@@ -1,7 +1,7 @@
 """megamoe.torch inside torch.compile, on the CPU (skipped without torch): the calls trace as one graph
 through the custom operators torch.ops.megamoe.*, run after the writes into the buffer's input tensors
 that precede them, and raise the eager calls' argument errors. The layer itself is a stand-in here (a
-buffer whose extension object records each launch); tests/gpu/test_torch_compile.py runs the real one."""
+buffer whose extension object records each launch); gpu/test_torch_compiled_layer.py runs the real one."""
 
 import types
 
