@@ -2,7 +2,8 @@
 # The Python package on a lent GPU machine: builds it with the machine's PyTorch venv (pip install .,
 # offline, wheels carried in .whl/), then runs the pytest suite (CPU tests, and the GPU tests: one
 # process, 2 and 4 emulated ranks, torchrun with 1 process and, on two GPUs, 2), the quick start of
-# docs/python.md and examples/torch_moe.py with torchrun on 1 GPU and, if present, 2. Logs to $OUT.
+# docs/python.md and examples/torch_moe.py with torchrun on 1 GPU (also with --compile) and, if present, 2.
+# Logs to $OUT.
 #
 #   run(command="bash tools/gpu_python_check.sh", carry=[".whl"])     # nvidia-h200 or nvidia-h200-x2
 #
@@ -106,6 +107,8 @@ PYEOF
     step "example_${n}gpu" 240 "$PY" -m torch.distributed.run --standalone --nproc-per-node "$n" \
       examples/torch_moe.py --tokens 128 --iters 20
   done
+  step example_compile_1gpu 300 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 \
+    examples/torch_moe.py --tokens 128 --iters 20 --compile
   if [ "$gpus" -ge 2 ]; then
     step example_decode_2gpu 180 "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 \
       examples/torch_moe.py --tokens 8 --iters 50
