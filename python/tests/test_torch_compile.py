@@ -37,6 +37,11 @@ class RecordingCore:
         self._record(kind, b.x[:n], b.topk_idx[:n], b.topk_weights[:n], weights, y, stats64, clamp=clamp,
                      schedule=schedule)
 
+    def run(self, kind, n, x, scales, topk_idx, topk_weights, weights, y, stream, stats64, clamp, schedule):
+        """A call of several waves, from the buffer's whole-call input tensors."""
+        x = x.view(torch.float8_e4m3fn) if x.dtype == torch.uint8 else x
+        self._record(kind, x, topk_idx, topk_weights, weights, y, stats64, clamp=clamp, schedule=schedule)
+
     def run_streamed(self, router, x, router_weight, router_bias, logits, weights, y, stream, stats64, form,
                      uniform_tokens, topk_idx):
         logits.copy_(x.float() @ router_weight.float().T)
@@ -44,13 +49,13 @@ class RecordingCore:
         self._record("streamed", x, idx.int(), w, weights, y, stats64, form=form, uniform_tokens=uniform_tokens)
 
 
-def recording_buffer(recipe="bf16", streaming=False):
+def recording_buffer(recipe="bf16", streaming=False, waves=1):
     """A megamoe.torch.Buffer on the CPU whose launches RecordingCore takes (the attributes Buffer.__init__
     sets from the extension's buffer, for a one-wave buffer of one rank)."""
     b = mt.Buffer.__new__(mt.Buffer)
     b.recipe, b.hidden, b.num_max_tokens_per_rank = recipe, HIDDEN, MAX_TOKENS
     b.num_experts, b.num_topk, b.num_experts_per_rank, b.num_shared_experts = EXPERTS, TOP_K, EXPERTS, 0
-    b.rank, b.num_ranks, b.waves_per_call, b.activation_scales = 0, 1, 1, "block"
+    b.rank, b.num_ranks, b.waves_per_call, b.activation_scales = 0, 1, waves, "block"
     b.device, b.streaming = torch.device("cpu"), streaming
     x_dtype = torch.bfloat16 if recipe == "bf16" else torch.float8_e4m3fn
     b._x = b.x = torch.zeros((MAX_TOKENS, HIDDEN), dtype=x_dtype)
@@ -162,6 +167,26 @@ def test_argument_errors_raise_as_in_eager_calls():
             with pytest.raises(ValueError, match=message):
                 fn()
     assert not b._core.launches
+
+
+def test_a_compiled_call_of_several_waves_reads_what_was_written_before_it():
+    """With waves the input tensors are ordinary ones of a whole call, handed to the library's wave loop."""
+    b, (l1, l2) = recording_buffer(waves=2), weights()
+
+    def step(x, idx, w, y):
+        n = x.shape[0]
+        b.x[:n].copy_(x)
+        b.topk_idx[:n].copy_(idx)
+        b.topk_weights[:n].copy_(w)
+        mt.bf16_mega_moe(y, l1, l2, b)
+        return y
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    for seed in (8, 9):
+        x, idx, w = inputs(seed, 12)
+        y = compiled(x, idx, w, torch.empty((12, HIDDEN), dtype=torch.bfloat16))
+        assert torch.equal(b._core.launches[-1]["x"], x.float())
+        assert torch.equal(y, (x.float() * w.sum(1, keepdim=True)).to(torch.bfloat16))
 
 
 def test_the_operator_passes_opcheck():
