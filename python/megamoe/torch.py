@@ -22,6 +22,7 @@ kernels record (an expert id outside [-1, num_experts), a timeout) surface as Ru
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import operator
 import weakref
@@ -218,11 +219,7 @@ class Buffer:
                 self._core.set_mx_staging(self.x.view(torch.uint8), self.x_sf.view(torch.uint8))
         else:
             self.x, self.x_sf = self._x, self._x_scales
-        # The caller's input tensors never move: CUDA graphs of torch.compile (mode "reduce-overhead") may
-        # then record calls whose steps write into them.
-        for tensor in (self.x, self.x_sf, self.topk_idx, self.topk_weights):
-            if tensor is not None:
-                torch._dynamo.mark_static_address(tensor)
+        self._prepare_compiled_calls()
         self.streaming = p.front_tokens_per_slot > 0
         # Streamed calls' scratch: the router's logits and the batch form's routes (made here, so that
         # no call allocates).
@@ -236,6 +233,18 @@ class Buffer:
         self._emulated = bool(self._comm.emulated)
         self._external_stream = (torch.cuda.ExternalStream(self._comm.stream, device=self.device)
                                  if self._emulated else None)
+
+    def _prepare_compiled_calls(self) -> None:
+        """What calls inside torch.compile need ("Inside torch.compile" below): the buffer's handle, the
+        tensor their operators declare they write, and the input tensors' fixed addresses, so that CUDA
+        graphs of torch.compile (mode "reduce-overhead") may record steps that write into them."""
+        self._handle = next(_HANDLES)
+        _BUFFERS[self._handle] = self
+        self._order = torch.zeros(1, dtype=torch.int32, device=self.device)
+        _enable_compiled_calls()
+        for tensor in (self.x, self.x_sf, self.topk_idx, self.topk_weights, self._order):
+            if tensor is not None:
+                torch._dynamo.mark_static_address(tensor)
 
     @property
     def stream(self):
@@ -434,6 +443,8 @@ def transform_weights_for_mega_moe(l1_weights, l2_weights, activation: str = "sw
         raise ValueError(f"recipe: must be one of {', '.join(_RECIPES)}, got {recipe!r}")
     l1 = _transform_linear(recipe, 1, l1_weights, "l1_weights")
     l2 = _transform_linear(recipe, 2, l2_weights, "l2_weights")
+    for tensor in (*l1.tensors.values(), *l2.tensors.values()):
+        torch._dynamo.mark_static_address(tensor)  # never move: CUDA graphs of torch.compile need not copy them
     if l1.num_experts != l2.num_experts or l1.rows != 2 * l2.cols or l1.cols != l2.rows:
         raise ValueError(f"l2_weights: [{l2.num_experts}, {l2.rows}, {l2.cols}] does not match l1_weights "
                          f"[{l1.num_experts}, {l1.rows}, {l1.cols}] (expected [E, H, I] for l1 [E, 2I, H])")
@@ -463,10 +474,13 @@ def _check_weights(buffer: Buffer, parts) -> None:
 
 
 def _layer_weights(buffer: Buffer, parts):
-    """The extension's view of checked weights, made once per buffer and set of weights."""
-    key = tuple(id(part) for part in parts)
+    """The extension's view of checked weights, made once per buffer and set of weight tensors (a compiled
+    call hands over the tensors, not the MegaMoeWeights objects; the cache keeps them, so no other
+    tensor takes their addresses)."""
+    key = tuple(None if part is None else (part.linear,) + tuple(
+        (name, t.data_ptr(), tuple(t.shape), t.dtype) for name, t in sorted(part.tensors.items())) for part in parts)
     cached = buffer._weights_cache.get(key)
-    if cached is not None and all(a is b for a, b in zip(cached[0], parts)):
+    if cached is not None:
         return cached[1]
     tensors = {}
     for prefix, part in zip(("", "", "shared_", "shared_"), parts):
@@ -594,32 +608,64 @@ def _run_waves(kind, n, weights, y, b: Buffer, stream: int, stats64, clamp, mx, 
 
 # ---- Inside torch.compile ------------------------------------------------------------------------------
 # Compiled code calls the layer through custom operators (torch.ops.megamoe.*), which the compiler keeps
-# opaque: no graph break, and the operator's tensor arguments order it after the writes into the
-# buffer's input tensors. An operator takes only tensors and plain values, so buffers, weights and
-# routers cross as handles, looked up again when the operator runs. Eager calls skip the operator (its
-# dispatch costs about 10 us of host time).
+# opaque: no graph break, and their tensor arguments order them after the writes into the buffer's
+# input tensors. An operator takes only tensors and plain values: the weights cross as their tensors
+# (so that layers whose weights differ share one compiled graph), the buffer as a handle numbered in
+# creation order (the same in every process, so compiled graphs can come from the compiler's cache),
+# the router as its fields. Eager calls skip the operators (their dispatch costs about 10 us of host
+# time).
 
-_OBJECTS: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
-
-
-@torch.compiler.assume_constant_result
-def _handle(obj) -> int:
-    """A handle for `obj` (-1 for None), registered while compiling: the compiled graph keeps the number."""
-    if obj is None:
-        return -1
-    _OBJECTS[id(obj)] = obj  # an id names one live object; the entry goes when the object does
-    return id(obj)
+_HANDLES = itertools.count(1)
+_BUFFERS: "weakref.WeakValueDictionary[int, Buffer]" = weakref.WeakValueDictionary()
+_WEIGHT_TENSORS = ("w", "scales", "shifts")
 
 
-def _objects(handles: List[int]) -> list:
-    found = []
-    for handle in handles:
-        obj = None if handle < 0 else _OBJECTS.get(handle)
-        if handle >= 0 and obj is None:
-            raise RuntimeError("megamoe: a compiled call's buffer, weights or router no longer exists; recompile "
-                               "with the live objects")
-        found.append(obj)
-    return found
+def _router_fields(router) -> tuple:
+    """The router's fields as (integers, routed_scaling), read while compiling (Dynamo cannot read the
+    extension's objects): marked a constant result by _enable_compiled_calls, which makes the compiled
+    graph guard on the router object."""
+    return ([router.num_experts, router.top_k, router.num_groups, router.topk_groups, int(router.normalize),
+             int(router.scoring == "sigmoid")], router.routed_scaling)
+
+
+def _enable_compiled_calls() -> None:
+    """What compiled calls need from torch.compile's own modules, set up when a buffer is made rather than
+    when this module is imported (importing them costs about a second)."""
+    torch.compiler.assume_constant_result(_router_fields)
+
+
+def _router_of(integers: List[int], routed_scaling: float) -> "_megamoe.RouterConfig":
+    router = _megamoe.RouterConfig()
+    router.num_experts, router.top_k, router.num_groups, router.topk_groups = integers[:4]
+    router.normalize, router.scoring = bool(integers[4]), "sigmoid" if integers[5] else "softmax"
+    router.routed_scaling = routed_scaling
+    return router
+
+
+def _buffer_of(handle: int) -> Buffer:
+    b = _BUFFERS.get(handle)
+    if b is None:
+        raise RuntimeError(f"megamoe: the buffer of a compiled call (handle {handle}) no longer exists")
+    return b
+
+
+def _flat_weights(parts) -> list:
+    """The weights' tensors, three per part (None where a part or tensor is absent)."""
+    return [None if part is None else part.tensors.get(name) for part in parts for name in _WEIGHT_TENSORS]
+
+
+def _parts_of(b: Buffer, flat) -> tuple:
+    """MegaMoeWeights again from _flat_weights' list, for the buffer's recipe."""
+    parts = []
+    for i in range(4):
+        tensors = {name: t for name, t in zip(_WEIGHT_TENSORS, flat[3 * i:3 * i + 3]) if t is not None}
+        if "w" not in tensors:
+            parts.append(None)
+            continue
+        w = tensors["w"]
+        parts.append(MegaMoeWeights(b.recipe, 1 + i % 2, w.shape[0], w.shape[1],
+                                    w.shape[2] * (2 if b.recipe == "fp8_fp4" else 1), tensors))
+    return tuple(parts)
 
 
 def _call_inputs(b: Buffer, n: int):
@@ -639,19 +685,22 @@ def _adopt_inputs(b, given) -> None:
                 own.copy_(new)
 
 
-@torch.library.custom_op("megamoe::mega_moe", mutates_args=("y", "stats"))
-def _mega_moe_op(y: torch.Tensor, stats: Optional[torch.Tensor], x: torch.Tensor, x_sf: Optional[torch.Tensor],
-                 topk_idx: torch.Tensor, topk_weights: torch.Tensor, handles: List[int], kind: str,
-                 recipe: Optional[List[int]], activation: str, activation_clamp: Optional[float],
-                 num_tokens: Optional[int], schedule: str) -> None:
-    b, *parts = _objects(handles)
+# `order`: the buffer's _order tensor, which the operators declare they write and do not. A call is a
+# collective, and a compiled call whose outputs nothing reads (an idle rank's) would otherwise be dropped
+# as dead code: a write to a tensor from outside the graph never is.
+@torch.library.custom_op("megamoe::mega_moe", mutates_args=("y", "stats", "order"))
+def _mega_moe_op(y: torch.Tensor, stats: Optional[torch.Tensor], order: torch.Tensor, x: torch.Tensor,
+                 x_sf: Optional[torch.Tensor], topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                 weights: List[Optional[torch.Tensor]], buffer: int, kind: str, recipe: Optional[List[int]],
+                 activation: str, activation_clamp: Optional[float], num_tokens: Optional[int], schedule: str) -> None:
+    b = _buffer_of(buffer)
     _adopt_inputs(b, (x, x_sf, topk_idx, topk_weights))
-    _run(kind, y, b, stats, recipe, activation, activation_clamp, tuple(parts), num_tokens, schedule)
+    _run(kind, y, b, stats, recipe, activation, activation_clamp, _parts_of(b, weights), num_tokens, schedule)
 
 
 @_mega_moe_op.register_fake
-def _mega_moe_fake(y, stats, x, x_sf, topk_idx, topk_weights, handles, kind, recipe, activation, activation_clamp,
-                   num_tokens, schedule) -> None:
+def _mega_moe_fake(y, stats, order, x, x_sf, topk_idx, topk_weights, weights, buffer, kind, recipe, activation,
+                   activation_clamp, num_tokens, schedule) -> None:
     return None
 
 
@@ -663,8 +712,8 @@ def _call(kind, y, l1, l2, sym_buffer, stats, recipe, activation, activation_cla
         return
     # While compiling: argument errors raise here, as in an eager call; the operator checks again when it runs.
     clamp = _check_call(kind, y, sym_buffer, stats, recipe, activation, activation_clamp, parts, num_tokens, schedule)
-    handles = [_handle(sym_buffer)] + [_handle(part) for part in parts]
-    torch.ops.megamoe.mega_moe(y, stats, *_call_inputs(sym_buffer, y.shape[0]), handles, kind,
+    torch.ops.megamoe.mega_moe(y, stats, sym_buffer._order, *_call_inputs(sym_buffer, y.shape[0]),
+                               _flat_weights(parts), sym_buffer._handle, kind,
                                None if recipe is None else [int(v) for v in recipe], activation, clamp,
                                num_tokens, schedule)
 
@@ -742,8 +791,9 @@ def streamed_mega_moe(y: torch.Tensor, x: torch.Tensor, router_weight: torch.Ten
         return
     uniform = _check_streamed(y, x, router_weight, router, sym_buffer, stats, router_bias, router_logits, parts, form,
                               uniform_tokens)
-    handles = [_handle(sym_buffer), _handle(router)] + [_handle(part) for part in parts]
-    torch.ops.megamoe.streamed_mega_moe(y, stats, router_logits, x, router_weight, router_bias, handles, form, uniform)
+    torch.ops.megamoe.streamed_mega_moe(y, stats, router_logits, sym_buffer._order, x, router_weight, router_bias,
+                                        _flat_weights(parts), sym_buffer._handle, *_router_fields(router), form,
+                                        uniform)
 
 
 def _check_streamed(y, x, router_weight, router, b, stats, router_bias, router_logits, parts, form,
@@ -798,16 +848,17 @@ def _run_streamed(y, x, router_weight, router, b: Buffer, stats, router_bias, ro
     _add_stats(stats, b)
 
 
-@torch.library.custom_op("megamoe::streamed_mega_moe", mutates_args=("y", "stats", "router_logits"))
+@torch.library.custom_op("megamoe::streamed_mega_moe", mutates_args=("y", "stats", "router_logits", "order"))
 def _streamed_mega_moe_op(y: torch.Tensor, stats: Optional[torch.Tensor], router_logits: Optional[torch.Tensor],
-                          x: torch.Tensor, router_weight: torch.Tensor, router_bias: Optional[torch.Tensor],
-                          handles: List[int], form: str, uniform_tokens: int) -> None:
-    b, router, *parts = _objects(handles)
-    _run_streamed(y, x, router_weight, router, b, stats, router_bias, router_logits, tuple(parts), form,
-                  uniform_tokens)
+                          order: torch.Tensor, x: torch.Tensor, router_weight: torch.Tensor,
+                          router_bias: Optional[torch.Tensor], weights: List[Optional[torch.Tensor]], buffer: int,
+                          router: List[int], routed_scaling: float, form: str, uniform_tokens: int) -> None:
+    b = _buffer_of(buffer)
+    _run_streamed(y, x, router_weight, _router_of(router, routed_scaling), b, stats, router_bias, router_logits,
+                  _parts_of(b, weights), form, uniform_tokens)
 
 
 @_streamed_mega_moe_op.register_fake
-def _streamed_mega_moe_fake(y, stats, router_logits, x, router_weight, router_bias, handles, form,
-                            uniform_tokens) -> None:
+def _streamed_mega_moe_fake(y, stats, router_logits, order, x, router_weight, router_bias, weights, buffer, router,
+                            routed_scaling, form, uniform_tokens) -> None:
     return None

@@ -834,8 +834,7 @@ NB_MODULE(_megamoe, m) {
         return BufferLayout::make(p).total_bytes;
       });
 
-  // Weak references: compiled calls name a router by a handle (megamoe.torch).
-  nb::class_<RouterConfig>(m, "RouterConfig", nb::is_weak_referenceable(),
+  nb::class_<RouterConfig>(m, "RouterConfig",
                            "The router before the layer (megamoe/router.h): softmax or DeepSeek's grouped sigmoid")
       .def(nb::init<>())
       .def_rw("num_experts", &RouterConfig::num_experts)

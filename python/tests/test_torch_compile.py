@@ -1,7 +1,8 @@
 """megamoe.torch inside torch.compile, on the CPU (skipped without torch): the calls trace as one graph
 through the custom operators torch.ops.megamoe.*, run after the writes into the buffer's input tensors
-that precede them, and raise the eager calls' argument errors. The layer itself is a stand-in here (a
-buffer whose extension object records each launch); gpu/test_torch_compiled_layer.py runs the real one."""
+that precede them, are never dropped, let layers with different weights share one graph, and raise the
+eager calls' argument errors. The layer itself is a stand-in here (a buffer whose extension object
+records each launch); gpu/test_torch_compiled_layer.py runs the real one."""
 
 import types
 
@@ -68,13 +69,21 @@ def recording_buffer(recipe="bf16", streaming=False, waves=1):
     b._weights_cache = {}
     b._emulated, b._external_stream = True, types.SimpleNamespace(cuda_stream=0)  # no CUDA stream on the CPU
     b._core = RecordingCore(b)
+    b._prepare_compiled_calls()
     return b
 
 
 def weights(recipe="bf16"):
-    l1 = mt.MegaMoeWeights(recipe, 1, EXPERTS, 2 * 128, HIDDEN, {"w": torch.zeros(1)})
-    l2 = mt.MegaMoeWeights(recipe, 2, EXPERTS, HIDDEN, 128, {"w": torch.zeros(1)})
+    """A layer's l1 and l2 (zeros: the stand-in launch reads none of them)."""
+    dtype = torch.bfloat16 if recipe == "bf16" else torch.float8_e4m3fn
+    l1 = mt.MegaMoeWeights(recipe, 1, EXPERTS, 256, HIDDEN, {"w": torch.zeros((EXPERTS, 256, HIDDEN), dtype=dtype)})
+    l2 = mt.MegaMoeWeights(recipe, 2, EXPERTS, HIDDEN, 128, {"w": torch.zeros((EXPERTS, HIDDEN, 128), dtype=dtype)})
     return l1, l2
+
+
+def weight_tensors(parts):
+    """Which weight tensors a launch was given (by address: a compiled call hands over the tensors)."""
+    return [None if part is None else part.tensors["w"].data_ptr() for part in parts]
 
 
 @pytest.fixture(autouse=True)
@@ -94,8 +103,8 @@ def inputs(seed, n, recipe="bf16"):
 def test_the_operators_are_registered():
     layer = torch.ops.megamoe.mega_moe.default._schema
     streamed = torch.ops.megamoe.streamed_mega_moe.default._schema
-    assert [a.name for a in layer.arguments if a.is_write] == ["y", "stats"]
-    assert [a.name for a in streamed.arguments if a.is_write] == ["y", "stats", "router_logits"]
+    assert [a.name for a in layer.arguments if a.is_write] == ["y", "stats", "order"]
+    assert [a.name for a in streamed.arguments if a.is_write] == ["y", "stats", "router_logits", "order"]
     assert not layer.returns and not streamed.returns
 
 
@@ -120,7 +129,7 @@ def test_a_compiled_call_is_one_graph_and_reads_what_was_written_before_it(backe
         out = compiled(x, idx, w, y)
         launch = b._core.launches[-1]
         assert torch.equal(launch["x"], x.float()) and torch.equal(launch["idx"], idx), "the launch read stale inputs"
-        assert launch["schedule"] == "fused" and launch["weights"] == (l1, l2, None, None)
+        assert launch["schedule"] == "fused" and weight_tensors(launch["weights"]) == weight_tensors((l1, l2, None, None))
         want = (x.float() * w.sum(1, keepdim=True)).to(torch.bfloat16)
         assert torch.equal(y, want) and torch.equal(out, want.float() * 2)
         assert torch.equal(stats - before, torch.bincount(idx.flatten().long(), minlength=EXPERTS))
@@ -198,9 +207,8 @@ def test_the_operator_passes_opcheck():
     b.topk_idx[:6].copy_(idx)
     b.topk_weights[:6].copy_(w)
     y, stats = torch.zeros((6, HIDDEN), dtype=torch.bfloat16), torch.zeros(EXPERTS, dtype=torch.int64)
-    handles = [mt._handle(o) for o in (b, l1, l2, None, None)]
-    args = (y, stats, b.x[:6], None, b.topk_idx[:6], b.topk_weights[:6], handles, "bf16", None, "swiglu", None, None,
-            "staged")
+    args = (y, stats, b._order, b.x[:6], None, b.topk_idx[:6], b.topk_weights[:6], mt._flat_weights((l1, l2, None, None)),
+            b._handle, "bf16", None, "swiglu", None, None, "staged")
     torch.library.opcheck(torch.ops.megamoe.mega_moe.default, args)
 
 
@@ -221,3 +229,98 @@ def test_a_compiled_streamed_call_is_one_graph():
     launch = b._core.launches[-1]
     assert launch["form"] == "batch" and launch["uniform_tokens"] == 8 and torch.equal(launch["x"], x.float())
     assert torch.allclose(logits, x.float() @ router_weight.float().T) and torch.allclose(total, logits.sum())
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_call_whose_outputs_nothing_reads_still_launches(backend):
+    """A call is a collective: a rank with no tokens calls too and may discard y. Nothing reads the
+    operator's outputs then, but it writes the buffer's _order tensor, so the compiler keeps it."""
+    b, (l1, l2) = recording_buffer(), weights()
+
+    def idle_step(h):
+        mt.bf16_mega_moe(torch.empty((0, HIDDEN), dtype=torch.bfloat16), l1, l2, b)
+        return h + 1
+
+    torch.compile(idle_step, backend=backend, fullgraph=True)(torch.ones(3))
+    assert len(b._core.launches) == 1
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_streamed_call_whose_outputs_nothing_reads_still_launches(backend):
+    b, (l1, l2) = recording_buffer(streaming=True), weights()
+    router = megamoe.softmax_router(EXPERTS, TOP_K)
+    router_weight = torch.randn((EXPERTS, HIDDEN), generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
+
+    def step(x):
+        mt.streamed_mega_moe(torch.empty((x.shape[0], HIDDEN), dtype=torch.bfloat16), x, router_weight, router, l1, l2,
+                             b, form="batch")
+        return x + 1
+
+    torch.compile(step, backend=backend, fullgraph=True)(torch.ones((4, HIDDEN), dtype=torch.bfloat16))
+    assert len(b._core.launches) == 1
+
+
+def test_layers_with_their_own_weights_share_one_compiled_graph():
+    """Compiling each MoE block (module.compile(), as for repeated layers): the weights cross as tensors,
+    so twelve layers with weights of their own run one graph, past Dynamo's limit of eight recompiles."""
+    b = recording_buffer()
+
+    class MoE(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1, self.l2 = weights()
+
+        def forward(self, x, idx, w):
+            n = x.shape[0]
+            b.x[:n].copy_(x)
+            b.topk_idx[:n].copy_(idx)
+            b.topk_weights[:n].copy_(w)
+            y = torch.empty((n, HIDDEN), dtype=torch.bfloat16)
+            mt.bf16_mega_moe(y, self.l1, self.l2, b)
+            return y
+
+    layers = [MoE() for _ in range(12)]
+    for layer in layers:
+        layer.compile(backend="aot_eager", fullgraph=True)
+    x, idx, w = inputs(11, 4)
+    for layer in layers:
+        layer(x, idx, w)
+    assert [weight_tensors(launch["weights"])[:2] for launch in b._core.launches] == \
+        [weight_tensors((layer.l1, layer.l2)) for layer in layers]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_two_layers_on_one_buffer_in_one_graph_match_eager(backend):
+    b, first, second = recording_buffer(), weights(), weights()
+
+    def two(x, idx, w):
+        n = x.shape[0]
+        b.x[:n].copy_(x)
+        b.topk_idx[:n].copy_(idx)
+        b.topk_weights[:n].copy_(w)
+        y1 = torch.empty((n, HIDDEN), dtype=torch.bfloat16)
+        mt.bf16_mega_moe(y1, *first, b)
+        b.x[:n].copy_(y1 + 1)
+        y2 = torch.empty((n, HIDDEN), dtype=torch.bfloat16)
+        mt.bf16_mega_moe(y2, *second, b)
+        return y1, y2
+
+    x, idx, w = inputs(12, 6)
+    want = [t.clone() for t in two(x, idx, w)]
+    got = torch.compile(two, backend=backend, fullgraph=True)(x, idx, w)
+    assert all(torch.equal(a, c) for a, c in zip(got, want))
+    assert [weight_tensors(launch["weights"])[:2] for launch in b._core.launches[2:]] == \
+        [weight_tensors(first), weight_tensors(second)]
+
+
+def test_an_argument_error_under_fullgraph_names_the_argument():
+    """With fullgraph=True Dynamo reports the ValueError as its own Unsupported error, whose message
+    holds the ValueError's (docs/python.md says so)."""
+    b, (l1, l2) = recording_buffer(), weights()
+
+    def call(y):
+        mt.bf16_mega_moe(y, l1, l2, b, schedule="overlapped")
+
+    with pytest.raises(Exception, match="schedule: must be 'staged' or 'fused'"):
+        torch.compile(call, backend="aot_eager", fullgraph=True)(torch.empty((4, HIDDEN), dtype=torch.bfloat16))
+    assert not b._core.launches
