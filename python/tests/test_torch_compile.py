@@ -262,13 +262,16 @@ def test_a_streamed_call_whose_outputs_nothing_reads_still_launches(backend):
 
 def test_layers_with_their_own_weights_share_one_compiled_graph():
     """Compiling each MoE block (module.compile(), as for repeated layers): the weights cross as tensors,
-    so twelve layers with weights of their own run one graph, past Dynamo's limit of eight recompiles."""
+    so twelve layers with weights of their own run one graph, past Dynamo's limit of eight recompiles
+    (their tensors marked as static addresses, as transform_weights_for_mega_moe marks them)."""
     b = recording_buffer()
 
     class MoE(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.l1, self.l2 = weights()
+            for tensor in (*self.l1.tensors.values(), *self.l2.tensors.values()):
+                torch._dynamo.mark_static_address(tensor)
 
         def forward(self, x, idx, w):
             n = x.shape[0]
