@@ -616,6 +616,10 @@ def _run_waves(kind, n, weights, y, b: Buffer, stream: int, stats64, clamp, mx, 
 # time).
 
 _HANDLES = itertools.count(1)
+# Whether a streamed call compiles into the graph: its router's fields are read through a function
+# marked as a constant result, which Dynamo takes the extension's object to from torch 2.15 on (2.11
+# refused it: "RouterConfig is not a constant"); before, the call is a graph break and runs eagerly.
+STREAMED_CALLS_COMPILE = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 15)
 _BUFFERS: "weakref.WeakValueDictionary[int, Buffer]" = weakref.WeakValueDictionary()
 _WEIGHT_TENSORS = ("w", "scales", "shifts")
 
@@ -785,7 +789,9 @@ def streamed_mega_moe(y: torch.Tensor, x: torch.Tensor, router_weight: torch.Ten
     call, e.g. the padded batch size (default: the buffer's ``num_max_tokens_per_rank``)."""
     parts = (l1_weights, l2_weights, shared_l1_weights, shared_l2_weights)
     stats = cumulative_local_expert_recv_stats
-    if not torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() and not STREAMED_CALLS_COMPILE:
+        torch._dynamo.graph_break()  # older Dynamo cannot read the router (below): the call runs eagerly
+    if not torch.compiler.is_compiling() or not STREAMED_CALLS_COMPILE:
         _run_streamed(y, x, router_weight, router, sym_buffer, stats, router_bias, router_logits, parts, form,
                       uniform_tokens)
         return

@@ -212,6 +212,7 @@ def test_the_operator_passes_opcheck():
     torch.library.opcheck(torch.ops.megamoe.mega_moe.default, args)
 
 
+@pytest.mark.skipif(not mt.STREAMED_CALLS_COMPILE, reason="streamed calls compile from torch 2.15 on")
 def test_a_compiled_streamed_call_is_one_graph():
     b, (l1, l2) = recording_buffer(streaming=True), weights()
     router = megamoe.softmax_router(EXPERTS, TOP_K)
@@ -245,6 +246,7 @@ def test_a_call_whose_outputs_nothing_reads_still_launches(backend):
     assert len(b._core.launches) == 1
 
 
+@pytest.mark.skipif(not mt.STREAMED_CALLS_COMPILE, reason="streamed calls compile from torch 2.15 on")
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_a_streamed_call_whose_outputs_nothing_reads_still_launches(backend):
     b, (l1, l2) = recording_buffer(streaming=True), weights()
