@@ -789,8 +789,7 @@ def streamed_mega_moe(y: torch.Tensor, x: torch.Tensor, router_weight: torch.Ten
     call, e.g. the padded batch size (default: the buffer's ``num_max_tokens_per_rank``)."""
     parts = (l1_weights, l2_weights, shared_l1_weights, shared_l2_weights)
     stats = cumulative_local_expert_recv_stats
-    if torch.compiler.is_compiling() and not STREAMED_CALLS_COMPILE:
-        torch._dynamo.graph_break()  # older Dynamo cannot read the router (below): the call runs eagerly
+    # With older torch the extension's call in _run_streamed is a graph break, and the call runs eagerly.
     if not torch.compiler.is_compiling() or not STREAMED_CALLS_COMPILE:
         _run_streamed(y, x, router_weight, router, sym_buffer, stats, router_bias, router_logits, parts, form,
                       uniform_tokens)
