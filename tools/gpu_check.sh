@@ -22,7 +22,7 @@
 #                                                 then graph µs per row and tree (min-max, median, ratio
 #                                                 to the first tree) and the noise floor between trees
 #                                                 of one source (tools/ab_summary.py); JSON in $OUT/ab
-#                                                 (last step)
+#                                                 (ab-2, ab-3, ... for a call's later A/Bs) (last step)
 #   tools/gpu_check.sh trace TREE -- ARGS          `megamoe bench ARGS --schedule fused` from TREE's build (made
 #                                                 by `trees` with CMAKE_ARGS=-DMEGAMOE_FUSED_TRACE=ON), each
 #                                                 size's event log and the bench JSON in $OUT/trace, then
@@ -91,14 +91,19 @@ step_test_each() {
   done
 }
 
-# Each TREE's BINARY (a path inside the tree) with ARGS and --out $OUT/ab/TREE-rROUND.json, the trees
+# Each TREE's BINARY (a path inside the tree) with ARGS and --out $AB_DIR/TREE-rROUND.json, the trees
 # taking turns ROUNDS times: ab_rounds STEP ROUNDS BINARY TREE... -- ARGS (for tools/ab_results.py).
+# AB_DIR is $OUT/ab, or $OUT/ab-2, -3, ... when an earlier A/B of the same call holds it (a call that
+# runs the script several times had each A/B overwrite the one before).
 ab_rounds() {
   local step=$1 rounds=$2 binary=$3 trees=() round tree
   shift 3
   while [ $# -gt 0 ] && [ "$1" != -- ]; do trees+=("$1"); shift; done
   [ $# -gt 0 ] && shift
-  mkdir -p "$OUT/ab"
+  AB_DIR="$OUT/ab"
+  local next=2
+  while compgen -G "$AB_DIR/*.json" >/dev/null; do AB_DIR="$OUT/ab-$next"; next=$((next + 1)); done
+  mkdir -p "$AB_DIR"
   # Each tree's kernel sources, so that trees meant to differ but built from one source show at once.
   # AB_TREES and AB_SAME (TREE=TREE pairs of one source, by their files' names) are for the summary.
   local -A tree_of_digest=()
@@ -114,8 +119,8 @@ ab_rounds() {
   for round in $(seq 1 "$rounds"); do
     for tree in "${trees[@]}"; do
       local name; name=$(basename "$tree")-r$round
-      timeout 300 "$tree/$binary" "$@" --out "$OUT/ab/$name.json" >"$OUT/ab/$name.log" 2>&1 ||
-        { echo "$step: $name failed"; tail -5 "$OUT/ab/$name.log"; status=1; }
+      timeout 300 "$tree/$binary" "$@" --out "$AB_DIR/$name.json" >"$AB_DIR/$name.log" 2>&1 ||
+        { echo "$step: $name failed"; tail -5 "$AB_DIR/$name.log"; status=1; }
     done
   done
 }
@@ -138,7 +143,7 @@ step_gemm_guard() {
 # The GEMM benchmark's same-run A/B: each tree's build/bench/gemm binary.
 step_gemm_ab() {
   ab_rounds gemm-ab "$1" build/bench/gemm/megamoe_gemm_bench "${@:2}"
-  python3 - "$OUT/ab" <<'SUMMARY'
+  python3 - "$AB_DIR" <<'SUMMARY'
 import collections, glob, json, os, statistics, sys
 ratios = collections.defaultdict(lambda: collections.defaultdict(list))
 for path in sorted(glob.glob(os.path.join(sys.argv[1], '*.json'))):
@@ -477,7 +482,7 @@ step_ab() {
   while [ $# -gt 0 ] && [ "$1" != -- ]; do trees+=("$1"); shift; done
   [ $# -gt 0 ] && shift
   ab_rounds ab "$rounds" build/megamoe "${trees[@]}" -- bench "$@"
-  python3 "$(dirname "$0")/ab_summary.py" "$OUT/ab" --order "${AB_TREES[@]}" "${AB_SAME[@]}" || status=1
+  python3 "$(dirname "$0")/ab_summary.py" "$AB_DIR" --order "${AB_TREES[@]}" "${AB_SAME[@]}" || status=1
 }
 
 # The directory and the results file are made here: a trace run missing either stops at once.
