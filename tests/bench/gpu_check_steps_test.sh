@@ -3,7 +3,7 @@
 #   trace: the event logs' directory and the results file are made for the run, each log is
 #          summarized, and a failed run or one that wrote no log fails the step;
 #   ab:    each tree's rounds, medians against the first tree, and the noise floor between the two
-#          trees built from one source;
+#          trees built from one source; a second A/B into the same OUT goes to ab-2;
 #   stress: the sequence runs, one bench with the library path the script was started with (as a
 #          user starts the tool), and a failing run stops the step and is named.
 set -euo pipefail
@@ -67,6 +67,13 @@ grep -q "tiny fp8 8 fused | base 100.0-100.0 (median 100.0) | other 90.0-90.0 (m
   "$work/ab.log" || { cat "$work/ab.log"; fail "the row's summary is not the trees' medians and ratios in order"; }
 grep -q "noise floor (again against base, one source): medians differ by up to 2.0% over 1 rows" "$work/ab.log" ||
   { cat "$work/ab.log"; fail "no noise floor"; }
+# A second A/B into the same OUT (a call that runs the script again) keeps the first one's files.
+OUT="$work/ab" bash "$repo/tools/gpu_check.sh" ab 1 "$work/other" "$work/base" -- --preset tiny >"$work/ab2.log" 2>&1 ||
+  { cat "$work/ab2.log"; fail "the second ab step failed"; }
+[ "$(ls "$work/ab/ab"/*.json | wc -l)" -eq 6 ] || fail "the second A/B overwrote the first one's files"
+[ "$(ls "$work/ab/ab-2"/*.json | wc -l)" -eq 2 ] || fail "the second A/B's files are not in ab-2"
+grep -q "tiny fp8 8 fused | other 90.0-90.0 (median 90.0) | base 100.0-100.0 (median 100.0, 1.111x)" "$work/ab2.log" ||
+  { cat "$work/ab2.log"; fail "the second A/B's summary did not read its own files"; }
 # stress: a stand-in tool that logs each bench's LD_LIBRARY_PATH, and fails when told to.
 mkdir -p "$work/stress/src"
 cat >"$work/stress/megamoe" <<FAKE
