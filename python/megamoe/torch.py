@@ -326,6 +326,16 @@ class MegaMoeWeights:
     rows: int  # 2I for L1, H for L2
     cols: int  # H for L1, I for L2
     tensors: Dict[str, torch.Tensor] = field(default_factory=dict)  # w, scales, shifts
+    _key: Optional[tuple] = field(default=None, init=False, repr=False)
+
+    def cache_key(self) -> tuple:
+        """Its linear and its tensors' addresses, shapes and dtypes: what names its view in the extension.
+        Made once per object: an eager call's weights are the same objects call after call, and the key
+        costs several microseconds of host time to build."""
+        if self._key is None:
+            self._key = (self.linear,) + tuple(
+                (name, t.data_ptr(), tuple(t.shape), t.dtype) for name, t in sorted(self.tensors.items()))
+        return self._key
 
 
 def _ue8m0_codes(sf: torch.Tensor, shape, name: str) -> torch.Tensor:
@@ -477,8 +487,7 @@ def _layer_weights(buffer: Buffer, parts):
     """The extension's view of checked weights, made once per buffer and set of weight tensors (a compiled
     call hands over the tensors, not the MegaMoeWeights objects; the cache keeps them, so no other
     tensor takes their addresses)."""
-    key = tuple(None if part is None else (part.linear,) + tuple(
-        (name, t.data_ptr(), tuple(t.shape), t.dtype) for name, t in sorted(part.tensors.items())) for part in parts)
+    key = tuple(None if part is None else part.cache_key() for part in parts)
     cached = buffer._weights_cache.get(key)
     if cached is not None:
         return cached[1]
