@@ -19,8 +19,19 @@ fi
 py="$build/pyvenv/bin/python"
 "$py" -m pip install --quiet --disable-pip-version-check numpy pytest "nanobind>=2.4" "scikit-build-core>=0.10"
 # torch too (about a minute from PyPI; used on the CPU here): megamoe.torch's calls inside torch.compile
-# are tested with a stand-in for the extension's buffer (python/tests/test_torch_compile.py).
-"$py" -m pip install --quiet --disable-pip-version-check "torch>=2.5"
+# are tested with a stand-in for the extension's buffer (python/tests/test_torch_compile.py). PyPI's Linux
+# wheel is the CUDA build: about 3 GB downloaded and 5.5 GB installed with its NVIDIA libraries, so say so
+# up front rather than fail inside pip with "No space left on device"; no pip cache, which would keep
+# another copy of the download.
+if ! "$py" -c "import torch" 2>/dev/null; then
+  free_gb=$(df -Pk "$build" | awk 'NR == 2 { print int($4 / 1048576) }')
+  if [ "$free_gb" -lt 10 ]; then
+    echo "python_test: installing torch needs about 10 GB free under $build/ (PyPI's CUDA build, about 9 GB"
+    echo "  while pip installs it); $free_gb GB are free. Free some disk and run again."
+    exit 1
+  fi
+fi
+"$py" -m pip install --quiet --disable-pip-version-check --no-cache-dir "torch>=2.5"
 # The same options as tools/test.sh's configure, so the build tree is reused as it is.
 MEGAMOE_BUILD_TESTS=ON MEGAMOE_BUILD_TOOLS=ON MEGAMOE_TSAN=ON \
   "$py" -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps \
