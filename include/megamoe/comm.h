@@ -31,6 +31,9 @@ struct SymmView {
   int32_t rank;
   int32_t num_ranks;
   uint64_t timeout_ns;  // spin-waits give up after this long and record a DeviceError
+  // Every rank's buffer is on this GPU (one rank, or emulated ranks): the words ranks share are
+  // ordered at device scope (device::fence_ranks and the *_ranks accesses), not system scope.
+  bool one_device = false;
 
   MEGAMOE_HD char* local() const { return peers[rank]; }
   // The address on `peer` of the object at `local_ptr` in this rank's buffer.

@@ -164,6 +164,7 @@ SymmBuffer::SymmBuffer(Communicator& comm, const Problem& problem)
   layout_ = BufferLayout::make(problem_);
   view_.rank = comm.rank();
   view_.num_ranks = comm.size();
+  view_.one_device = comm.emulated() || comm.size() == 1;
   if (impl_->nccl) {
     impl_->create_nccl(comm, layout_.total_bytes, view_);
   } else {

@@ -317,6 +317,12 @@ void buffer_zeroed(Communicator& comm) {
   }
   SymmBuffer buffer(comm, problem);
   const SymmView& view = buffer.view();
+  // Shared words at device scope only where every rank's buffer is on this GPU.
+  const bool one_device = comm.emulated() || comm.size() == 1;
+  if (view.one_device != one_device) {
+    throw Error(concat("rank ", comm.rank(), ": view.one_device is ", view.one_device, " for ", comm.size(),
+                       comm.emulated() ? " emulated" : " NCCL", " ranks"));
+  }
   for (int32_t a = 0; a < view.num_ranks; ++a) {
     for (int32_t b = a + 1; b < view.num_ranks; ++b) {
       if (view.peers[a] == view.peers[b]) {

@@ -67,6 +67,30 @@ MEGAMOE_DEVICE T atomic_add_relaxed_sys(T* address, Same<T> value) {
   return SystemRef<T>(*address).fetch_add(value, cuda::memory_order_relaxed);
 }
 
+// ---- What ranks share, at the scope their GPUs need ----
+// Ranks on other GPUs read these words over NVLink: system scope. With every rank on this GPU
+// (SymmView::one_device) device scope orders them, without the system fences' round trips.
+
+MEGAMOE_DEVICE void fence_ranks(const SymmView& view) {
+  if (view.one_device) __threadfence();
+  else __threadfence_system();
+}
+template <typename T>
+MEGAMOE_DEVICE T ld_acquire_ranks(const SymmView& view, const T* address) {
+  return view.one_device ? GpuRef<T>(*const_cast<T*>(address)).load(cuda::memory_order_acquire)
+                         : ld_acquire_sys(address);
+}
+template <typename T>
+MEGAMOE_DEVICE void st_release_ranks(const SymmView& view, T* address, Same<T> value) {
+  if (view.one_device) GpuRef<T>(*address).store(value, cuda::memory_order_release);
+  else st_release_sys(address, value);
+}
+template <typename T>
+MEGAMOE_DEVICE T atomic_add_acq_rel_ranks(const SymmView& view, T* address, Same<T> value) {
+  return view.one_device ? GpuRef<T>(*address).fetch_add(value, cuda::memory_order_acq_rel)
+                         : atomic_add_acq_rel_sys(address, value);
+}
+
 // ---- The error record ----
 
 MEGAMOE_DEVICE uint32_t linear_block() { return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); }
@@ -183,6 +207,16 @@ MEGAMOE_DEVICE bool wait_at_least_sys(const SymmView& view, ControlBlock* contro
     return value >= expected;
   });
 }
+// The same for a word ranks share (ld_acquire_ranks).
+template <typename T>
+MEGAMOE_DEVICE bool wait_at_least_ranks(const SymmView& view, ControlBlock* control, const T* counter,
+                                        Same<T> expected, WaitSite site, uint32_t peer) {
+  return spin_wait(view, control, WaitSiteInfo{site, peer, static_cast<uint64_t>(expected)}, [&](uint64_t& seen) {
+    const T value = ld_acquire_ranks(view, counter);
+    seen = static_cast<uint64_t>(value);
+    return value >= expected;
+  });
+}
 
 // Waits until *counter >= expected, reading with device-scope acquire (counters of this rank's own
 // kernels). `choice` goes into the record's `choice` field (what the counter counts for).
@@ -206,7 +240,7 @@ MEGAMOE_DEVICE bool wait_at_least_gpu(const SymmView& view, ControlBlock* contro
 MEGAMOE_DEVICE void rank_arrive(const SymmView& view, ControlBlock* control, uint64_t epoch) {
   for (int32_t i = 1; i <= view.num_ranks; ++i) {
     const int32_t peer = (view.rank + i) % view.num_ranks;
-    st_release_sys(&view.map(control, peer)->barrier_arrivals[view.rank], epoch);
+    st_release_ranks(view, &view.map(control, peer)->barrier_arrivals[view.rank], epoch);
   }
 }
 // Waits until every rank (with others_only, every other rank) has arrived at `epoch` or later (one
@@ -214,7 +248,7 @@ MEGAMOE_DEVICE void rank_arrive(const SymmView& view, ControlBlock* control, uin
 MEGAMOE_DEVICE bool rank_wait(const SymmView& view, ControlBlock* control, uint64_t epoch, bool others_only = false) {
   for (int32_t peer = 0; peer < view.num_ranks; ++peer)
     if (!(others_only && peer == view.rank) &&
-        !wait_at_least_sys(view, control, &control->barrier_arrivals[peer], epoch, kWaitRankBarrier,
+        !wait_at_least_ranks(view, control, &control->barrier_arrivals[peer], epoch, kWaitRankBarrier,
                            static_cast<uint32_t>(peer)))
       return false;
   return true;
@@ -244,10 +278,10 @@ MEGAMOE_DEVICE bool rank_barrier(const SymmView& view, const BufferLayout& layou
     const uint64_t epoch = GpuRef<uint64_t>(control->barrier_epoch).load(cuda::memory_order_relaxed) + 1;
     GpuRef<uint64_t>(control->barrier_epoch).store(epoch, cuda::memory_order_relaxed);
     for (int32_t peer = 0; peer < view.num_ranks; ++peer) {
-      st_release_sys(&view.map(control, peer)->barrier_arrivals[view.rank], epoch);
+      st_release_ranks(view, &view.map(control, peer)->barrier_arrivals[view.rank], epoch);
     }
     for (int32_t peer = 0; peer < view.num_ranks && arrived; ++peer) {
-      arrived = wait_at_least_sys(view, control, &control->barrier_arrivals[peer], epoch, kWaitRankBarrier,
+      arrived = wait_at_least_ranks(view, control, &control->barrier_arrivals[peer], epoch, kWaitRankBarrier,
                                   static_cast<uint32_t>(peer));
     }
   }

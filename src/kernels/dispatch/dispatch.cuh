@@ -239,7 +239,7 @@ __device__ inline void send_counts(const DispatchArgs& a, uint32_t thread, uint3
 // rank has done the same.
 __device__ inline void publish_counts(const DispatchArgs& a) {
   send_counts(a, threadIdx.x, blockDim.x);
-  __threadfence_system();
+  device::fence_ranks(a.view);
   device::rank_barrier(a.view, a.layout);
 }
 
@@ -276,7 +276,8 @@ __device__ inline void refuse_call(const DispatchArgs& a, uint32_t received) {
   error.seen = received;
   device::record_input_error(control, error);
   for (int32_t peer = 0; peer < a.view.num_ranks; ++peer)
-    device::st_release_sys(&a.view.map(control, peer)->capacity_exceeded_by, static_cast<uint32_t>(a.view.rank) + 1);
+    device::st_release_ranks(a.view, &a.view.map(control, peer)->capacity_exceeded_by,
+                             static_cast<uint32_t>(a.view.rank) + 1);
 }
 
 // Builds segment_begin[] from the received counts (thread `thread` of `threads`, barrier `sync`, warp 0

@@ -33,7 +33,7 @@ __global__ void send_routes(const DispatchArgs a, const StagedInputs staged) {
   }
   // The staged inputs and the indices scattered to peers, system-wide before the last block's barrier
   // releases them.
-  __threadfence_system();
+  device::fence_ranks(a.view);
   if (device::last_block_to_finish(control) && !failed && !device::rank_call_failed(control)) publish_counts(a);
 }
 

@@ -90,7 +90,7 @@ __device__ void run_streamed_send(const FusedScheduler<Config>& s, UnitRange tok
   dispatch::stage_shared_scales(a, tokens.begin, tokens.end, thread, kDispatchThreads);
   __threadfence();  // only this rank's shared experts read them
   DispatchSync{}();
-  if (thread == 0) device::atomic_add_acq_rel_sys(&s.control()->fused_sends_done, 1u);
+  if (thread == 0) device::atomic_add_acq_rel_ranks(s.view(), &s.control()->fused_sends_done, 1u);
 }
 
 // A send unit: this unit's tokens' inputs into the buffer, their routes counted and scattered; the
@@ -112,14 +112,14 @@ __device__ void run_send(const FusedScheduler<Config>& s, uint32_t index, uint32
   dispatch::count_and_scatter(a, tokens.begin * top_k, tokens.end * top_k, s.dispatch_table(), thread,
                               kDispatchThreads, DispatchSync{});
   // Peers read the staged inputs and the scattered indices once the barrier is crossed.
-  __threadfence_system();
+  device::fence_ranks(s.view());
   DispatchSync{}();
   const bool last = group_flag(s.words(FusedTables::kDispatchFlag), thread, DispatchSync{}, [&] {
-    return device::atomic_add_acq_rel_sys(&s.control()->fused_sends_done, 1u) + 1 == s.plan().send_units;
+    return device::atomic_add_acq_rel_ranks(s.view(), &s.control()->fused_sends_done, 1u) + 1 == s.plan().send_units;
   });
   if (!last) return;
   dispatch::send_counts(a, thread, kDispatchThreads);
-  __threadfence_system();
+  device::fence_ranks(s.view());
   DispatchSync{}();
   if (thread == 0) device::rank_arrive(s.view(), s.control(), s.epoch(1));
 }

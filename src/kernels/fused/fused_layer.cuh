@@ -115,7 +115,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     *s.built_flag() = 0;
     for (uint32_t role = 0; role < 3; ++role) s.words(FusedTables::kTraceCounts)[role] = 0;
     const FusedCounters counters = s.counters();
-    *s.signal_targets() = SignalTargets{s.control(), counters.l1_done, counters.shared_l1_done, 0};
+    *s.signal_targets() =
+        SignalTargets{s.control(), counters.l1_done, counters.shared_l1_done, 0, s.view().one_device ? 1u : 0u};
     for (uint32_t slot = 0; slot < kQueueSlots; ++slot) {
       cuda::ptx::mbarrier_init(s.queue_full(slot), 1);
       cuda::ptx::mbarrier_init(s.queue_empty(slot), 1);

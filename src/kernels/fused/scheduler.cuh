@@ -117,6 +117,8 @@ struct SignalTargets {
   uint32_t* l1_done;
   uint32_t* shared_l1_done;
   uint32_t l2_tiles;  // the L2 tile arrivals (two warpgroups per tile) that complete this rank's L2
+  uint32_t one_device;  // SymmView::one_device: the L2 count's scope (read here, not from the parameters,
+                        // where it cost the prefill math role spills)
 };
 static_assert(sizeof(SignalTargets) <= 8 * 4, "the signal targets' words");
 static_assert(sizeof(RoutedSplits) <= 6 * 4, "the split plans' words");
