@@ -85,10 +85,15 @@ MEGAMOE_DEVICE void st_release_ranks(const SymmView& view, T* address, Same<T> v
   if (view.one_device) GpuRef<T>(*address).store(value, cuda::memory_order_release);
   else st_release_sys(address, value);
 }
+// (By the flag alone: the fused L2 count reads it from shared memory, not from the view.)
+template <typename T>
+MEGAMOE_DEVICE T atomic_add_acq_rel_ranks(bool one_device, T* address, Same<T> value) {
+  return one_device ? GpuRef<T>(*address).fetch_add(value, cuda::memory_order_acq_rel)
+                    : atomic_add_acq_rel_sys(address, value);
+}
 template <typename T>
 MEGAMOE_DEVICE T atomic_add_acq_rel_ranks(const SymmView& view, T* address, Same<T> value) {
-  return view.one_device ? GpuRef<T>(*address).fetch_add(value, cuda::memory_order_acq_rel)
-                         : atomic_add_acq_rel_sys(address, value);
+  return atomic_add_acq_rel_ranks(view.one_device, address, value);
 }
 
 // ---- The error record ----

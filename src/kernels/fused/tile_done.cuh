@@ -33,11 +33,8 @@ __device__ bool count_tile_done(const FusedScheduler<Config>& s, uint32_t entry)
   // The results may be in peers' combine slots, which combine reads with generic loads: the count's
   // release (system scope across GPUs) orders them, and the last count's acquire orders every tile's
   // before the rank arrival. (A sequentially consistent system fence before it was redundant.)
-  uint32_t* l2_done = &targets.control->fused_l2_done;
-  const uint32_t before = targets.one_device != 0
-                              ? device::GpuRef<uint32_t>(*l2_done).fetch_add(1u, cuda::memory_order_acq_rel)
-                              : device::atomic_add_acq_rel_sys(l2_done, 1u);
-  return before + 1 == targets.l2_tiles;
+  return device::atomic_add_acq_rel_ranks(targets.one_device != 0, &targets.control->fused_l2_done, 1u) + 1 ==
+         targets.l2_tiles;
 }
 
 // A math warpgroup's thread 0: hands `entry` to the dispatch warp that makes the counts, unless its
