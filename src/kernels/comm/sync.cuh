@@ -202,25 +202,28 @@ MEGAMOE_DEVICE bool spin_wait(const SymmView& view, ControlBlock* control, const
   return true;
 }
 
+// Waits until load() >= expected (one thread): spin_wait's timeout and record, the value seen in it.
+template <typename T, class Load>
+MEGAMOE_DEVICE bool wait_until_at_least(const SymmView& view, ControlBlock* control, Same<T> expected, WaitSite site,
+                                        uint32_t peer, const Load& load) {
+  return spin_wait(view, control, WaitSiteInfo{site, peer, static_cast<uint64_t>(expected)}, [&](uint64_t& seen) {
+    const T value = load();
+    seen = static_cast<uint64_t>(value);
+    return value >= expected;
+  });
+}
 // Waits until *counter >= expected, reading with system-scope acquire.
 template <typename T>
 MEGAMOE_DEVICE bool wait_at_least_sys(const SymmView& view, ControlBlock* control, const T* counter, Same<T> expected,
                                       WaitSite site, uint32_t peer) {
-  return spin_wait(view, control, WaitSiteInfo{site, peer, static_cast<uint64_t>(expected)}, [&](uint64_t& seen) {
-    const T value = ld_acquire_sys(counter);
-    seen = static_cast<uint64_t>(value);
-    return value >= expected;
-  });
+  return wait_until_at_least<T>(view, control, expected, site, peer, [&] { return ld_acquire_sys(counter); });
 }
 // The same for a word ranks share (ld_acquire_ranks).
 template <typename T>
 MEGAMOE_DEVICE bool wait_at_least_ranks(const SymmView& view, ControlBlock* control, const T* counter,
                                         Same<T> expected, WaitSite site, uint32_t peer) {
-  return spin_wait(view, control, WaitSiteInfo{site, peer, static_cast<uint64_t>(expected)}, [&](uint64_t& seen) {
-    const T value = ld_acquire_ranks(view, counter);
-    seen = static_cast<uint64_t>(value);
-    return value >= expected;
-  });
+  return wait_until_at_least<T>(view, control, expected, site, peer,
+                                [&] { return ld_acquire_ranks(view, counter); });
 }
 
 // Waits until *counter >= expected, reading with device-scope acquire (counters of this rank's own
