@@ -26,12 +26,15 @@ COLORS = ["#8c564b", "#e377c2", "#17becf", "#1f77b4", "#ff7f0e", "#bcbd22", "#2c
 CLAIMED, READY, DONE = 0, 1, 2
 # Units the dispatch warps (or the producer) run beside the math warps' sequence of units.
 DISPATCH_KINDS = (KINDS.index("send"), KINDS.index("pull"), KINDS.index("route"))
+GEMM_KINDS = tuple(KINDS.index(k) for k in ("shared L1", "routed L1", "routed L2", "shared L2"))
 
 
 def spans(events):
     """(cta, kind, wait_start, start, end) per unit, in µs."""
     by_unit = {}
     for cta, unit, kind, what, ns in events:
+        if what > DONE:
+            continue  # a step inside the unit (step_offsets)
         entry = by_unit.setdefault(unit, {"cta": cta, "kind": kind})
         # A bulk pull is done by two roles (the producer's bytes, the dispatch warps' scales): the later.
         entry[what] = max(entry.get(what, 0.0), ns / 1000.0) if what == DONE else ns / 1000.0
@@ -43,6 +46,38 @@ def spans(events):
         ready = unit.get(READY, claimed)
         out.append((unit["cta"], unit["kind"], claimed, ready, unit[DONE]))
     return out
+
+
+def step_offsets(events):
+    """{(kind, step): median µs from the unit's start} over the units that logged steps (what 3 + step,
+    the kernel's trace_step): from its claim, or from its ready event where the role logs it (GEMM
+    units' math steps), negative before it (the producer's table steps precede its claim event)."""
+    starts, steps = {}, {}
+    for _, unit, kind, what, ns in events:
+        if what <= DONE:
+            entry = starts.setdefault(unit, {"kind": kind})
+            entry[what] = ns / 1000.0
+        else:
+            steps.setdefault(unit, []).append((what - DONE - 1, ns / 1000.0))
+    offsets = {}
+    for unit, logged in steps.items():
+        start = starts.get(unit)
+        if start is None:
+            continue
+        for step, us in logged:
+            # The math warps' steps follow the producer's ready event; the others, the claim.
+            base = start.get(READY) if start["kind"] in GEMM_KINDS and READY in start else start.get(CLAIMED)
+            if base is not None:
+                offsets.setdefault((start["kind"], step), []).append(us - base)
+    return {key: statistics.median_low(values) for key, values in offsets.items()}
+
+
+def summarize_steps(events):
+    offsets = step_offsets(events)
+    for kind in sorted({k for k, _ in offsets}):
+        steps = sorted(step for k, step in offsets if k == kind)
+        parts = ", ".join(f"{step}: {offsets[(kind, step)]:+.1f}" for step in steps)
+        print(f"  {KINDS[kind]:10s} steps (median us from its claim, or ready for GEMM units): {parts}")
 
 
 def summarize(path, units):
@@ -145,6 +180,7 @@ def main():
         units = spans(log["events"])
         summarize(path, units)
         summarize_rhythm(units)
+        summarize_steps(log["events"])
         plot(path, units)
 
 

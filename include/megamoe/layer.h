@@ -82,12 +82,14 @@ struct CallOptions {
 // are entries [c * kFusedTraceEventsPerCta, (c + 1) * kFusedTraceEventsPerCta), unused ones zero.
 // Its producer logs each unit it claims (claimed) and each GEMM unit once what it reads is ready
 // (ready); the math warps log each GEMM and combine unit they finish, the dispatch warps each send
-// and pull unit (done). A role that fills its share of the CTA's entries logs no more.
+// and pull unit (done). Steps inside a unit (kernels/fused: run_send, run_dispatch_pull, the producer's
+// routed tables, the math warps' mainloop) say where its time went between those. A role that fills
+// its share of the CTA's entries logs no more.
 struct FusedTraceEvent {
   uint64_t ns;     // the GPU's global timer
   uint32_t unit;   // the call's unit number, in claim order
   uint8_t kind;    // 0 send, 1 pull, 2 shared L1, 3 routed L1, 4 routed L2, 5 shared L2, 6 combine, 8 route
-  uint8_t what;    // 0 claimed, 1 ready, 2 done
+  uint8_t what;    // 0 claimed, 1 ready, 2 done, 3 + i: step i inside the unit (tools/plot_trace.py)
   uint16_t cta;
 };
 inline constexpr int64_t kFusedTraceEventsPerCta = 4096;

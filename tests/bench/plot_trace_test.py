@@ -51,6 +51,19 @@ def main():
     pull_span = plot_trace.spans(two_roles)
     if [u[4] for u in pull_span] != [80.0]:
         failures.append(f'pull done by two roles ends at {[u[4] for u in pull_span]}, expected [80.0]')
+    # Steps (what 3 + step): a send unit claimed at 10 us with steps at 12 and 15 us; a routed L1 unit
+    # ready at 20 us whose math step 2 (mainloop done) comes at 26 us, and whose producer steps 0 and 1
+    # (logged before its claim event at 19 us) at 17 and 18 us; a step of a unit with no other event.
+    SEND = plot_trace.KINDS.index('send')
+    stepped = unit(4, 0, SEND, 10, 10, 16) + [(4, 0, SEND, DONE + 1, 12000), (4, 0, SEND, DONE + 2, 15000)]
+    stepped += unit(4, 7, ROUTED_L1, 19, 20, 30) + [(4, 7, 7, DONE + 3, 26000), (4, 7, 7, DONE + 1, 17000),
+                                                     (4, 7, 7, DONE + 2, 18000), (5, 99, 7, DONE + 1, 1000)]
+    offsets = plot_trace.step_offsets(stepped)
+    expected_steps = {(SEND, 0): 2.0, (SEND, 1): 5.0, (ROUTED_L1, 0): -3.0, (ROUTED_L1, 1): -2.0, (ROUTED_L1, 2): 6.0}
+    if offsets != expected_steps:
+        failures.append(f'step offsets {offsets}, expected {expected_steps}')
+    if len(plot_trace.spans(stepped)) != 2:
+        failures.append('steps made units of their own in spans()')
     for failure in failures:
         print('FAIL', failure)
     print('plot_trace_test:', 'failed' if failures else 'passed')

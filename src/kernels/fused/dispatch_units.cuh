@@ -94,13 +94,17 @@ __device__ void run_streamed_send(const FusedScheduler<Config>& s, UnitRange tok
 }
 
 // A send unit: this unit's tokens' inputs into the buffer, their routes counted and scattered; the
-// last one to finish sends the counts and arrives on the cross-rank barrier.
+// last one to finish sends the counts and arrives on the cross-rank barrier. Traced steps (thread 0;
+// send units come first in the claim order, so `index` is the unit's number): 0 its inputs staged, 1
+// the shared experts' scales staged and the peers' previous call ended, 2 its routes scattered, 3
+// fenced, 4 counted done, 5 the counts sent and fenced (the last unit).
 template <class Config>
 __device__ void run_send(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread) {
   const dispatch::DispatchArgs& a = s.params.dispatch;
   const UnitRange tokens = unit_range(index, s.plan().tokens_per_send, static_cast<uint32_t>(a.num_tokens));
   if constexpr (Config::kStreamed) return run_streamed_send(s, tokens, thread);
   stage_send_inputs(s, s.params.staged, tokens, thread);
+  trace_step(s, thread == 0, TraceRole::dispatch, index, UnitKind::send, 0);
   DispatchSync{}();  // the scales the shared experts' copy reads are the ones just staged
   dispatch::stage_shared_scales(a, tokens.begin, tokens.end, thread, kDispatchThreads);
   // Not before every peer's previous call has ended (sync.cuh). This rank's staged inputs need no
@@ -108,19 +112,24 @@ __device__ void run_send(const FusedScheduler<Config>& s, uint32_t index, uint32
   if (!group_flag(s.words(FusedTables::kDispatchFlag), thread, DispatchSync{},
                   [&] { return device::peers_previous_call_ended(s.view(), s.control()); }))
     return;
+  trace_step(s, thread == 0, TraceRole::dispatch, index, UnitKind::send, 1);
   const uint32_t top_k = static_cast<uint32_t>(a.problem.top_k);
   dispatch::count_and_scatter(a, tokens.begin * top_k, tokens.end * top_k, s.dispatch_table(), thread,
                               kDispatchThreads, DispatchSync{});
+  trace_step(s, thread == 0, TraceRole::dispatch, index, UnitKind::send, 2);
   // Peers read the staged inputs and the scattered indices once the barrier is crossed.
   device::fence_ranks(s.view());
   DispatchSync{}();
+  trace_step(s, thread == 0, TraceRole::dispatch, index, UnitKind::send, 3);
   const bool last = group_flag(s.words(FusedTables::kDispatchFlag), thread, DispatchSync{}, [&] {
     return device::atomic_add_acq_rel_ranks(s.view(), &s.control()->fused_sends_done, 1u) + 1 == s.plan().send_units;
   });
+  trace_step(s, thread == 0, TraceRole::dispatch, index, UnitKind::send, 4);
   if (!last) return;
   dispatch::send_counts(a, thread, kDispatchThreads);
   device::fence_ranks(s.view());
   DispatchSync{}();
+  trace_step(s, thread == 0, TraceRole::dispatch, index, UnitKind::send, 5);
   if (thread == 0) device::rank_arrive(s.view(), s.control(), s.epoch(1));
 }
 
@@ -253,13 +262,17 @@ __device__ bool start_dispatch_pull(const FusedScheduler<Config>& s, uint32_t in
 }
 
 // A pull unit (at decode), by the dispatch warps: its share of the received rows into the pool, each
-// row counted for its expert.
+// row counted for its expert. Traced steps (thread 0): 0 every rank's counts in and the segments
+// built, 1 its first warp's rows pulled and counted.
 template <class Config>
 __device__ void run_dispatch_pull(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread, uint32_t lane) {
+  // The unit's number: pulls follow the sends (and a streamed call's route units).
+  const auto unit = [&] { return s.plan().send_units + (Config::kStreamed ? s.route_units() : 0u) + index; };
   const dispatch::DispatchArgs& a = s.params.dispatch;
   dispatch::PoolSegments segments;
   UnitRange rows;
   if (!start_dispatch_pull(s, index, thread, index == 0, segments, rows)) return;
+  trace_step(s, thread == 0, TraceRole::dispatch, unit(), UnitKind::pull, 0);
   const uint32_t num_ranks = segments.num_ranks;
   uint32_t* rows_pulled = s.counters().rows_pulled;
   constexpr uint32_t kWarps = kDispatchThreads / 32;
@@ -274,6 +287,7 @@ __device__ void run_dispatch_pull(const FusedScheduler<Config>& s, uint32_t inde
           .fetch_add(1, cuda::memory_order_release);
     }
   }
+  trace_step(s, thread == 0, TraceRole::dispatch, unit(), UnitKind::pull, 1);
 }
 
 // A pull unit (bulk_pulls), by the dispatch warps: its rows' scales, route weights and sources into

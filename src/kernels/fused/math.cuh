@@ -45,6 +45,9 @@ __device__ void math_fused(FusedScheduler<Config>& s, uint32_t math_warpgroup, u
                                             : l2.epilogue.prefetch(s.smem, tile, math_warpgroup, warp, lane);
     gemm::consume_unit<Config>(s.smem, ring, work, first_linear ? l1.args : l2.args, math_warpgroup, warp, lane,
                                stagger_kb, acc);
+    // Traced step 2 of a GEMM unit (0 and 1 are the producer's, for a CTA's first routed unit): its
+    // mainloop done (math thread 0); the epilogue and the tile's count follow until its done event.
+    trace_step(s, math_thread == 0, TraceRole::math, index, UnitKind::none, 2);
     // A split unit adds its partial sums to the tile's; the tile's last one runs the epilogue.
     bool tile_complete = true;
     if constexpr (gemm::kSplitsK<Config>) {

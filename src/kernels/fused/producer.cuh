@@ -119,9 +119,13 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
     uint32_t unit = lane == 0 ? s.claim() : 0;
     unit = __shfl_sync(0xFFFFFFFFu, unit, 0);
     if (unit >= first_routed_unit<Config::kStreamed>(s.plan(), s.route_units()) && !s.built()) {
+      // Traced steps of the CTA's first routed unit, before its claim is logged: 0 every rank's counts
+      // in, 1 the routed tables built.
       const bool routes_in = lane == 0 ? counts_in(s) : true;
       if (!__shfl_sync(0xFFFFFFFFu, routes_in, 0)) break;
+      trace_step(s, lane == 0, TraceRole::producer, unit, UnitKind::none, 0);
       s.build(lane);
+      trace_step(s, lane == 0, TraceRole::producer, unit, UnitKind::none, 1);
       // A rank without L2 tiles says so now (its arrival orders after its counts': rank_arrive).
       if (lane == 0 && s.l2_tiles() == 0) device::rank_arrive(s.view(), s.control(), s.epoch(2));
     }

@@ -361,7 +361,9 @@ __host__ __device__ constexpr uint32_t trace_share(uint32_t role) {
   constexpr uint32_t kEvents = static_cast<uint32_t>(kFusedTraceEventsPerCta);
   return role == 0 ? 0 : role == 1 ? kEvents / 2 : role == 2 ? kEvents / 8 * 7 : kEvents;
 }
-enum class TraceWhat : uint8_t { claimed, ready, done };
+// claimed, ready, done, and from `step` on the points inside a unit that trace_step logs (what 3 + i:
+// step i, numbered per role and kind where it is logged).
+enum class TraceWhat : uint8_t { claimed, ready, done, step };
 
 template <class Config>
 __device__ void trace_event(const FusedScheduler<Config>& s, TraceRole role, uint32_t unit, UnitKind kind,
@@ -377,6 +379,18 @@ __device__ void trace_event(const FusedScheduler<Config>& s, TraceRole role, uin
   log[uint64_t{blockIdx.x} * kFusedTraceEventsPerCta + entry] =
       FusedTraceEvent{gemm::global_timer_ns(), unit, static_cast<uint8_t>(kind), static_cast<uint8_t>(what),
                       static_cast<uint16_t>(blockIdx.x)};
+}
+
+// Step `step` of unit `unit`, logged by the role's thread for which `logs` holds: where a unit's time
+// goes between its events. Traced builds only, the thread's test too: with an `if (thread == 0)`
+// around an empty call the untraced fused fp8_fp4 64-token kernel's registers were allocated
+// differently (its math warps spilled 23 instructions instead of 16).
+template <class Config>
+__device__ __forceinline__ void trace_step(const FusedScheduler<Config>& s, bool logs, TraceRole role, uint32_t unit,
+                                           UnitKind kind, uint32_t step) {
+  if constexpr (kFusedTrace) {
+    if (logs) trace_event(s, role, unit, kind, static_cast<TraceWhat>(static_cast<uint32_t>(TraceWhat::step) + step));
+  }
 }
 
 // Thread 0 of a group computes a flag; every thread of the group gets it.
