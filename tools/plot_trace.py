@@ -50,8 +50,8 @@ def spans(events):
 
 def step_offsets(events):
     """{(kind, step): median µs from the unit's start} over the units that logged steps (what 3 + step,
-    the kernel's trace_step): from its claim, or from its ready event where the role logs it (GEMM
-    units' math steps), negative before it (the producer's table steps precede its claim event)."""
+    the kernel's trace_step): from a GEMM unit's ready event (the producer's table steps, logged before
+    it, come out negative), from any other unit's claim."""
     starts, steps = {}, {}
     for _, unit, kind, what, ns in events:
         if what <= DONE:
@@ -65,7 +65,6 @@ def step_offsets(events):
         if start is None:
             continue
         for step, us in logged:
-            # The math warps' steps follow the producer's ready event; the others, the claim.
             base = start.get(READY) if start["kind"] in GEMM_KINDS and READY in start else start.get(CLAIMED)
             if base is not None:
                 offsets.setdefault((start["kind"], step), []).append(us - base)

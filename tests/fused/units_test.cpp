@@ -33,11 +33,14 @@ TEST(FusedUnits, ClassifyWalksTheKindsInClaimOrder) {
   }
   EXPECT_EQ(unit, total_units<true>(plan, routed, route_units));
   EXPECT_EQ(first_routed_unit<true>(plan, route_units), 11u);
+  EXPECT_EQ(first_pull_unit<true>(plan, route_units), 5u);
+  EXPECT_EQ(classify<true>(plan, routed, first_pull_unit<true>(plan, route_units), route_units).kind, UnitKind::pull);
   EXPECT_EQ(classify<true>(plan, routed, unit, route_units).kind, UnitKind::none);
   EXPECT_EQ(classify<true>(plan, routed, unit + 100, route_units).kind, UnitKind::none);
   // A batch call's kernel has no route units.
   EXPECT_EQ(first_routed_unit(plan), 9u);
   EXPECT_EQ(classify(plan, routed, 3).kind, UnitKind::pull);
+  EXPECT_EQ(first_pull_unit(plan), 3u);
 }
 
 // A streamed call's route parts: one per kRoutesPerRoutePart routes begun, at most kMaxRouteParts;

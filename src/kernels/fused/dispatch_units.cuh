@@ -266,13 +266,12 @@ __device__ bool start_dispatch_pull(const FusedScheduler<Config>& s, uint32_t in
 // built, 1 its first warp's rows pulled and counted.
 template <class Config>
 __device__ void run_dispatch_pull(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread, uint32_t lane) {
-  // The unit's number: pulls follow the sends (and a streamed call's route units).
-  const auto unit = [&] { return s.plan().send_units + (Config::kStreamed ? s.route_units() : 0u) + index; };
   const dispatch::DispatchArgs& a = s.params.dispatch;
   dispatch::PoolSegments segments;
   UnitRange rows;
   if (!start_dispatch_pull(s, index, thread, index == 0, segments, rows)) return;
-  trace_step(s, thread == 0, TraceRole::dispatch, unit(), UnitKind::pull, 0);
+  trace_step(s, thread == 0, TraceRole::dispatch,
+             first_pull_unit<Config::kStreamed>(s.plan(), s.route_units()) + index, UnitKind::pull, 0);
   const uint32_t num_ranks = segments.num_ranks;
   uint32_t* rows_pulled = s.counters().rows_pulled;
   constexpr uint32_t kWarps = kDispatchThreads / 32;
@@ -287,7 +286,8 @@ __device__ void run_dispatch_pull(const FusedScheduler<Config>& s, uint32_t inde
           .fetch_add(1, cuda::memory_order_release);
     }
   }
-  trace_step(s, thread == 0, TraceRole::dispatch, unit(), UnitKind::pull, 1);
+  trace_step(s, thread == 0, TraceRole::dispatch,
+             first_pull_unit<Config::kStreamed>(s.plan(), s.route_units()) + index, UnitKind::pull, 1);
 }
 
 // A pull unit (bulk_pulls), by the dispatch warps: its rows' scales, route weights and sources into

@@ -136,8 +136,12 @@ MEGAMOE_HD RouteParts route_parts(uint32_t routes) {
 // follow the send units; the batch kernel classifies as before streamed calls existed (a flag of the kernel, not a
 // field of the plan, so that the batch kernels' code stays as it was).
 template <bool kStreamed = false>
+MEGAMOE_HD uint32_t first_pull_unit(const UnitPlan& plan, uint32_t route_units = 0) {
+  return plan.send_units + (kStreamed ? route_units : 0u);
+}
+template <bool kStreamed = false>
 MEGAMOE_HD uint32_t first_routed_unit(const UnitPlan& plan, uint32_t route_units = 0) {
-  return plan.send_units + (kStreamed ? route_units : 0u) + plan.pull_units + plan.shared_l1_units;
+  return first_pull_unit<kStreamed>(plan, route_units) + plan.pull_units + plan.shared_l1_units;
 }
 
 template <bool kStreamed = false>
