@@ -42,10 +42,12 @@ __device__ __forceinline__ void add_bf16x8(float (&sum)[8], const uint4& packed)
 // time took four. Combines output vectors [vector_begin, vector_end), numbered token-major
 // (token * hidden / 8 + vector), as thread `thread` of `threads`, kVectorsInFlight vectors at a time
 // (vectors thread, thread + threads, ...): the fused kernel's math warps, half as many threads per SM
-// as the staged combine kernel's, keep as many bytes in flight with two.
+// as the staged combine kernel's, keep as many bytes in flight with two. `dry`: only the first round,
+// its loads made and nothing stored, so that a later call's code is warm (an SM's first run of a step
+// costs about 2 µs more than its second; docs/fused.md).
 template <uint32_t kVectorsInFlight = 1>
 __device__ inline void combine_vectors(const CombineArgs& a, uint64_t vector_begin, uint64_t vector_end,
-                                       uint64_t thread, uint64_t threads) {
+                                       uint64_t thread, uint64_t threads, bool dry = false) {
   constexpr uint32_t kSlotsInFlight = 9;
   const uint32_t top_k = static_cast<uint32_t>(a.top_k);
   const uint32_t slots_per_token = top_k + 1;
@@ -93,7 +95,7 @@ __device__ inline void combine_vectors(const CombineArgs& a, uint64_t vector_beg
     }
 #pragma unroll
     for (uint32_t v = 0; v < kVectorsInFlight; ++v) {
-      if (!present[v]) continue;
+      if (!present[v] || dry) continue;
       uint32_t words[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -102,6 +104,7 @@ __device__ inline void combine_vectors(const CombineArgs& a, uint64_t vector_beg
       }
       y[item + v * threads] = make_uint4(words[0], words[1], words[2], words[3]);
     }
+    if (dry) return;
   }
 }
 

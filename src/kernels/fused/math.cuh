@@ -76,15 +76,25 @@ __device__ void math_fused(FusedScheduler<Config>& s, uint32_t math_warpgroup, u
   // Combine: each unit's output vectors once every rank's L2 tiles are done.
   const combine::CombineArgs& c = params.combine;
   for (index &= ~kEndBit; index != (gemm::kNoUnit & ~kEndBit) && s.classify(index).kind == UnitKind::combine;) {
-    if (!group_flag(s.words(FusedTables::kMathFlag), math_thread, MathSync<Config>{}, [&] {
-          return device::rank_wait(s.view(), s.control(), s.epoch(2)) &&
-                 !device::call_refused(s.control(), s.view().rank, true);
-        }))
-      break;
-    if (math_thread == 0) trace_event(s, TraceRole::math, index, UnitKind::combine, TraceWhat::ready);
     const UnitRange vectors = unit_range(s.classify(index).index, s.plan().vectors_per_combine,
                                          static_cast<uint32_t>(c.num_tokens) * static_cast<uint32_t>(c.hidden) / 8);
-    combine::combine_vectors<2>(c, vectors.begin, vectors.end, math_thread, Config::kMathThreads);
+    // Pass 0, while the ranks' L2 tiles are still being done: a dry first round through the same code
+    // (a rolled loop), so that pass 1 starts with its code fetched. Its loads may read slots not yet
+    // written; pass 1 reads them again after the wait's acquire.
+    bool stopped = false;
+#pragma unroll 1
+    for (uint32_t pass = 0; pass < 2; ++pass) {
+      if (pass == 1) {
+        stopped = !group_flag(s.words(FusedTables::kMathFlag), math_thread, MathSync<Config>{}, [&] {
+          return device::rank_wait(s.view(), s.control(), s.epoch(2)) &&
+                 !device::call_refused(s.control(), s.view().rank, true);
+        });
+        if (stopped) break;
+        if (math_thread == 0) trace_event(s, TraceRole::math, index, UnitKind::combine, TraceWhat::ready);
+      }
+      combine::combine_vectors<2>(c, vectors.begin, vectors.end, math_thread, Config::kMathThreads, pass == 0);
+    }
+    if (stopped) break;
     if (math_thread == 0) trace_event(s, TraceRole::math, index, UnitKind::combine, TraceWhat::done);
     uint32_t* next = s.words(FusedTables::kMathClaim);
     gemm::math_barrier<Config>();
