@@ -301,7 +301,7 @@ fused::FusedLaunch fused_launch(const CallPlan& c, const LayerWeights& w, const 
                                   c.routed_tile.block_n, c.shared ? 2 * shared_intermediate / 256 : 0,
                                   c.shared ? (static_cast<uint32_t>(p.hidden) + 255) / 256 : 0,
                                   c.routed_tile.layout == gemm::TileLayout::tokens_on_m,
-                                  static_cast<uint32_t>(p.hidden) / 8});
+                                  static_cast<uint32_t>(p.hidden) / 8, p.num_ranks == 1 && !c.dispatch.streamed});
   f.overlapped_launch = c.overlap;
   f.ring_synchronized = ring_synchronized;
   if (!options.trace.empty()) {

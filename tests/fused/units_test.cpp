@@ -223,6 +223,37 @@ TEST(FusedUnits, PlanSizesUnitsFromTheCall) {
   EXPECT_EQ(none.shared_l1_units, 0u);
 }
 
+TEST(FusedUnits, OneRankDecodeCallsPlaceTheirRoutesWithoutPulls) {
+  // One rank's batch call with decode tiles and at most a token per CTA: a send unit per token places
+  // its routes, and there are no pull units.
+  PlanShape shape{1, 8, 132, 16, 16, 28, false, 7168 / 8, true};
+  const UnitPlan one = make_unit_plan(shape);
+  EXPECT_TRUE(one.local_routes);
+  EXPECT_EQ(pull_units_of(one), 0u);
+  EXPECT_EQ(one.pull_units, 8u);  // what a kernel without the one-rank path runs instead
+  EXPECT_EQ(one.send_units, 1u);
+  EXPECT_EQ(one.tokens_per_send, 1u);
+  EXPECT_EQ(first_routed_unit(one), 1u + 16u);  // the send unit, then the shared experts' L1 tiles
+  EXPECT_EQ(classify(one, RoutedUnits{16, 28}, 1).kind, UnitKind::shared_l1);
+  shape.num_tokens = 132;
+  EXPECT_TRUE(make_unit_plan(shape).local_routes);
+  EXPECT_EQ(make_unit_plan(shape).send_units, 132u);
+  shape.num_tokens = 0;  // its one send unit has no token; nothing is pulled
+  EXPECT_TRUE(make_unit_plan(shape).local_routes);
+  EXPECT_EQ(pull_units_of(make_unit_plan(shape)), 0u);
+  // Two tokens per send unit, prefill tiles, several ranks or a streamed call: the pulls as before.
+  shape.num_tokens = 133;
+  EXPECT_FALSE(make_unit_plan(shape).local_routes);
+  EXPECT_GT(pull_units_of(make_unit_plan(shape)), 0u);
+  EXPECT_FALSE(make_unit_plan({64, 8, 132, 128, 16, 28, true, 7168 / 8, true}).local_routes);
+  EXPECT_FALSE(make_unit_plan({1, 8, 132, 16, 16, 28, false, 7168 / 8, false}).local_routes);
+  EXPECT_EQ(pull_units_of(make_unit_plan({1, 8, 132, 16, 16, 28, false, 7168 / 8, false})), 8u);
+  // A kernel without the one-rank path clears the flag: the pulls come back.
+  UnitPlan cleared = one;
+  cleared.local_routes = false;
+  EXPECT_EQ(first_routed_unit(cleared), 1u + 8u + 16u);
+}
+
 TEST(FusedUnits, CombineUnitsCoverEveryOutputVectorOnce) {
   for (uint32_t hidden_vectors : {360u, 896u}) {  // gpt-oss-120b's and DeepSeek-V3's rows
     for (uint32_t tokens : {0u, 1u, 3u, 8u, 300u, 8192u}) {

@@ -374,11 +374,11 @@ __device__ inline RowSource row_source(const DispatchArgs& a, const PoolSegments
   return {rank, token_topk, a.view.peers[rank]};
 }
 
-// Pulls pool row `row` (warp-wide, `lane`): its source, then the row, its scales and its route weight
+// Pulls pool row `row` from `source` (warp-wide, `lane`): the row, its scales and its route weight
 // loaded together (at decode each row's round trips are the pull's time), then all of them stored.
 // kUnroll: 16-byte vectors in flight per lane.
 template <bool kStreamed = false, int kUnroll = device::kPullRowUnroll>
-__device__ inline void pull_row(const DispatchArgs& a, const PoolSegments& segments, uint32_t row, uint32_t lane) {
+__device__ inline void pull_row_from(const DispatchArgs& a, const RowSource& source, uint32_t row, uint32_t lane) {
   const uint32_t row_bytes = static_cast<uint32_t>(a.problem.hidden) * a.layout.activation_bytes;
   const uint32_t hidden_blocks = a.layout.hidden_blocks;
   const bool scaled = a.problem.recipe != Recipe::bf16;
@@ -386,7 +386,6 @@ __device__ inline void pull_row(const DispatchArgs& a, const PoolSegments& segme
   float* pool_weight = BufferLayout::at<float>(a.view.local(), a.layout.pool_weight);
   PoolSource* pool_source = BufferLayout::at<PoolSource>(a.view.local(), a.layout.pool_source);
   constexpr uint32_t kEarlyScales = 2;  // per lane: DeepSeek-V3's 56 K blocks
-  const RowSource source = row_source(a, segments, row);
   const uint32_t token_topk = source.token_topk;
   const uint32_t token = token_topk / static_cast<uint32_t>(a.problem.top_k);
   const uint64_t input = input_row<kStreamed>(a, source.rank, token);
@@ -420,6 +419,81 @@ __device__ inline void pull_row(const DispatchArgs& a, const PoolSegments& segme
   if (lane == 0) {
     pool_weight[row] = weight;
     pool_source[row] = PoolSource{source.rank, token_topk};
+  }
+}
+// The same for pool row `row`, from the source its segment gives.
+template <bool kStreamed = false, int kUnroll = device::kPullRowUnroll>
+__device__ inline void pull_row(const DispatchArgs& a, const PoolSegments& segments, uint32_t row, uint32_t lane) {
+  pull_row_from<kStreamed, kUnroll>(a, row_source(a, segments, row), row, lane);
+}
+
+// ---- One rank's calls: routes placed without a scatter, a count exchange or pulls ----
+// With a single rank every expert is local, and a call's routes alone say where each goes in the
+// pool. A send unit of one token finds its routes' rows (local_route_rows) and copies them there
+// itself; every CTA's producer counts the experts' rows from the same routes (FusedScheduler::build).
+// Rows are expert-major and, within an expert, in route order (token * top_k + k): both sides derive
+// the same offsets. (A pool row's order within its expert is free: the scatter's atomics give none.)
+inline constexpr uint32_t kNoPoolRow = 0xFFFFFFFFu;
+
+// A valid local expert of route id `expert`, or -1 (masked, or out of range: the caller records that).
+__device__ __forceinline__ int32_t local_route_expert(const DispatchArgs& a, int32_t expert) {
+  return expert >= 0 && expert < a.problem.num_experts ? expert : -1;
+}
+
+// The pool rows of token `token`'s routes: rows[k] for route k (kNoPoolRow if masked or bad, or when
+// the call's routes exceed the receive capacity: its producers then refuse it). expert_begin:
+// [num_experts + 1] shared memory, left holding each expert's first pool row. `token_experts`,
+// `rows`: [top_k] shared memory. Thread `thread` of the `threads` that call it together, `sync`
+// their barrier. Bad expert ids of this token are recorded (as count_and_scatter does).
+template <class Sync>
+__device__ inline void local_route_rows(const DispatchArgs& a, uint32_t token, uint32_t* expert_begin,
+                                        int32_t* token_experts, uint32_t* rows, uint32_t thread, uint32_t threads,
+                                        const Sync& sync) {
+  const uint32_t num_experts = static_cast<uint32_t>(a.problem.num_experts);
+  const uint32_t top_k = static_cast<uint32_t>(a.problem.top_k);
+  const uint32_t routes = static_cast<uint32_t>(a.num_tokens) * top_k;
+  const uint32_t first = token * top_k;
+  for (uint32_t e = thread; e <= num_experts; e += threads) expert_begin[e] = 0;
+  if (thread < top_k) {
+    const int32_t id = a.topk_idx[first + thread];
+    if (id < -1 || id >= static_cast<int32_t>(num_experts)) record_input_error(a, kDeviceBadExpertId, first + thread, id);
+    token_experts[thread] = local_route_expert(a, id);
+    rows[thread] = 0;  // first the routes before it to the same expert
+  }
+  sync();
+  // Every route counts for its expert; those before route k to k's expert place it after them.
+  for (uint32_t route = thread; route < routes; route += threads) {
+    const int32_t expert = local_route_expert(a, a.topk_idx[route]);
+    if (expert < 0) continue;
+    atomicAdd(&expert_begin[expert], 1u);
+    if (route >= first + top_k) continue;
+    for (uint32_t k = 0; k < top_k; ++k)
+      if (route < first + k && token_experts[k] == expert) atomicAdd(&rows[k], 1u);
+  }
+  sync();
+  if (thread < 32)
+    device::warp_exclusive_prefix(num_experts, thread, expert_begin, [&](uint32_t e) { return expert_begin[e]; });
+  sync();
+  const bool fits = expert_begin[num_experts] <= a.layout.recv_capacity;
+  if (thread < top_k) {
+    const int32_t expert = token_experts[thread];
+    rows[thread] = expert >= 0 && fits ? expert_begin[expert] + rows[thread] : kNoPoolRow;
+  }
+  sync();
+}
+
+// Once per call (the first send unit), from local_route_rows' offsets: what build_segments publishes
+// (expert_rows, the receive statistics), or the refusal when the routes exceed the receive capacity.
+__device__ inline void publish_local_rows(const DispatchArgs& a, const uint32_t* expert_begin, uint32_t thread,
+                                          uint32_t threads) {
+  const uint32_t experts = a.layout.experts_per_rank;
+  const uint32_t received = expert_begin[experts];
+  const bool fits = received <= a.layout.recv_capacity;
+  if (!fits && thread == 0) refuse_call(a, received);
+  uint32_t* expert_rows = BufferLayout::at<uint32_t>(a.view.local(), a.layout.expert_rows);
+  for (uint32_t e = thread; e <= experts; e += threads) {
+    expert_rows[e] = fits ? expert_begin[e] : 0;
+    if (fits && a.recv_stats != nullptr && e < experts) a.recv_stats[e] += expert_begin[e + 1] - expert_begin[e];
   }
 }
 

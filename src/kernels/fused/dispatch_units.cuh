@@ -93,16 +93,112 @@ __device__ void run_streamed_send(const FusedScheduler<Config>& s, UnitRange tok
   if (thread == 0) device::atomic_add_acq_rel_ranks(s.view(), &s.control()->fused_sends_done, 1u);
 }
 
+// After a warp's copy of a pool row of `expert` (every lane): the row counted for its expert. The L1
+// tiles read it through the async proxy once the count is complete; the warp's stores are ordered
+// before lane 0's release by the warp barrier.
+__device__ __forceinline__ void count_copied_row(uint32_t* rows_pulled, uint32_t expert, uint32_t lane) {
+  __syncwarp();
+  if (lane == 0) {
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
+    cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(rows_pulled[expert]).fetch_add(1, cuda::memory_order_release);
+  }
+}
+
+// The decode configs' rows a dispatch unit copies into the pool, each counted for its expert: a pull
+// unit's range of received rows (their sources from the segments), or a one-rank send unit's routes
+// (UnitPlan::local_routes: their rows and experts from place_local_routes' table). Both go through
+// one copy loop (copy_unit_rows): a second inlined copy of the row pull moved the bf16 64-token
+// decode kernel's math warps into 78 local-memory instructions (ptxas). The other configs keep
+// run_dispatch_pull's own loop: through copy_unit_rows their dispatch warps spilled more.
+struct UnitRows {
+  uint32_t count = 0;                       // rows, or routes of the token
+  bool pulled = false;                      // a pull unit's rows (segments), or a send unit's routes
+  bool local_send = false;                  // a one-rank send unit's: finish_local_send after the copy
+  dispatch::PoolSegments segments{};        // a pull unit's
+  uint32_t first = 0;                       // a pull unit's first row, or the token's first route
+  const uint32_t* route_rows = nullptr;     // [count] the routes' pool rows (kNoPoolRow: none)
+  const int32_t* route_experts = nullptr;   // [count] their experts
+};
+
+// A one-rank call's send unit (UnitPlan::local_routes: one token), after its inputs are staged: where
+// its routes go in the pool (the table in the dispatch warps' shared memory, with the pool's expert
+// offsets before it). The rank's barrier is not crossed: no peer sends counts, and every producer
+// counts the experts' rows from the routes itself.
+template <class Config>
+__device__ UnitRows place_local_routes(const FusedScheduler<Config>& s, UnitRange tokens, uint32_t thread) {
+  const dispatch::DispatchArgs& a = s.params.dispatch;
+  const uint32_t top_k = static_cast<uint32_t>(a.problem.top_k);
+  const uint32_t experts = static_cast<uint32_t>(a.problem.num_experts);
+  uint32_t* expert_begin = s.dispatch_table();
+  UnitRows routes;
+  routes.local_send = true;
+  if (tokens.begin >= tokens.end) {  // a call without tokens: its one send unit has empty pools
+    for (uint32_t e = thread; e <= experts; e += kDispatchThreads) expert_begin[e] = 0;
+    DispatchSync{}();
+    return routes;
+  }
+  int32_t* token_experts = reinterpret_cast<int32_t*>(expert_begin + experts + 1);
+  uint32_t* rows = expert_begin + experts + 1 + kMaxTopK;
+  dispatch::local_route_rows(a, tokens.begin, expert_begin, token_experts, rows, thread, kDispatchThreads,
+                             DispatchSync{});
+  routes.count = top_k;
+  routes.first = tokens.begin * top_k;
+  routes.route_rows = rows;
+  routes.route_experts = token_experts;
+  return routes;
+}
+
+// A one-rank call's send unit once its routes' rows are copied: the first unit publishes the pool's
+// expert offsets (or refuses the call), then the unit counts itself sent, its staged inputs fenced
+// for the shared experts' tiles. Counted after the copy, the fence and the count stay off the routed
+// rows' path; the shared experts' tiles wait for the copy of a few rows instead.
+template <class Config>
+__device__ void finish_local_send(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread) {
+  if (index == 0) dispatch::publish_local_rows(s.params.dispatch, s.dispatch_table(), thread, kDispatchThreads);
+  device::fence_ranks(s.view());
+  DispatchSync{}();
+  if (thread == 0) device::atomic_add_acq_rel_ranks(s.view(), &s.control()->fused_sends_done, 1u);
+}
+
+// Copies a unit's rows into the pool, a warp per row, each counted for its expert once it is there.
+template <class Config>
+__device__ void copy_unit_rows(const FusedScheduler<Config>& s, const UnitRows& unit, uint32_t thread, uint32_t lane) {
+  const dispatch::DispatchArgs& a = s.params.dispatch;
+  uint32_t* rows_pulled = s.counters().rows_pulled;
+  constexpr uint32_t kWarps = kDispatchThreads / 32;
+  for (uint32_t i = thread / 32; i < unit.count; i += kWarps) {
+    uint32_t row, expert;
+    dispatch::RowSource source;
+    if (unit.pulled) {
+      row = unit.first + i;
+      source = dispatch::row_source(a, unit.segments, row);
+      expert = unit.segments.find(row) / unit.segments.num_ranks;
+    } else {  // a send unit's own routes, staged by this CTA (ordered by the dispatch warps' barriers)
+      row = unit.route_rows[i];
+      if (row == dispatch::kNoPoolRow) continue;
+      source = {static_cast<uint32_t>(a.view.rank), unit.first + i, a.view.local()};
+      expert = static_cast<uint32_t>(unit.route_experts[i]);
+    }
+    dispatch::pull_row_from<Config::kStreamed, kDispatchPullUnroll>(a, source, row, lane);
+    count_copied_row(rows_pulled, expert, lane);
+  }
+}
+
 // A send unit: this unit's tokens' inputs into the buffer, their routes counted and scattered; the
 // last one to finish sends the counts and arrives on the cross-rank barrier. Traced steps (thread 0;
 // send units come first in the claim order, so `index` is the unit's number): 0 its inputs staged, 1
 // the shared experts' scales staged and the peers' previous call ended, 2 its routes scattered, 3
-// fenced, 4 counted done, 5 the counts sent and fenced (the last unit).
+// fenced, 4 counted done, 5 the counts sent and fenced (the last unit). A one-rank call's send unit
+// (local_routes) returns its routes instead of scattering them, and the caller copies them and
+// finishes it (finish_local_send): 2 their rows found, 3 copied.
 template <class Config>
-__device__ void run_send(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread) {
+__device__ UnitRows run_send(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread) {
   const dispatch::DispatchArgs& a = s.params.dispatch;
   const UnitRange tokens = unit_range(index, s.plan().tokens_per_send, static_cast<uint32_t>(a.num_tokens));
-  if constexpr (Config::kStreamed) return run_streamed_send(s, tokens, thread);
+  if constexpr (Config::kStreamed) {
+    run_streamed_send(s, tokens, thread);
+    return {};
+  }
   stage_send_inputs(s, s.params.staged, tokens, thread);
   trace_step(s, thread == 0, TraceRole::dispatch, index, UnitKind::send, 0);
   DispatchSync{}();  // the scales the shared experts' copy reads are the ones just staged
@@ -111,8 +207,15 @@ __device__ void run_send(const FusedScheduler<Config>& s, uint32_t index, uint32
   // wait: peers pull them only in calls where this rank has tokens, whose combine waited for their L2.
   if (!group_flag(s.words(FusedTables::kDispatchFlag), thread, DispatchSync{},
                   [&] { return device::peers_previous_call_ended(s.view(), s.control()); }))
-    return;
+    return {};
   trace_step(s, thread == 0, TraceRole::dispatch, index, UnitKind::send, 1);
+  if constexpr (kLocalRoutesConfig<Config>) {
+    if (s.plan().local_routes) {
+      const UnitRows routes = place_local_routes(s, tokens, thread);
+      trace_step(s, thread == 0, TraceRole::dispatch, index, UnitKind::send, 2);
+      return routes;
+    }
+  }
   const uint32_t top_k = static_cast<uint32_t>(a.problem.top_k);
   dispatch::count_and_scatter(a, tokens.begin * top_k, tokens.end * top_k, s.dispatch_table(), thread,
                               kDispatchThreads, DispatchSync{});
@@ -125,12 +228,13 @@ __device__ void run_send(const FusedScheduler<Config>& s, uint32_t index, uint32
     return device::atomic_add_acq_rel_ranks(s.view(), &s.control()->fused_sends_done, 1u) + 1 == s.plan().send_units;
   });
   trace_step(s, thread == 0, TraceRole::dispatch, index, UnitKind::send, 4);
-  if (!last) return;
+  if (!last) return {};
   dispatch::send_counts(a, thread, kDispatchThreads);
   device::fence_ranks(s.view());
   DispatchSync{}();
   trace_step(s, thread == 0, TraceRole::dispatch, index, UnitKind::send, 5);
   if (thread == 0) device::rank_arrive(s.view(), s.control(), s.epoch(1));
+  return {};
 }
 
 // Whether two chunks' metadata agree in every field.
@@ -262,32 +366,31 @@ __device__ bool start_dispatch_pull(const FusedScheduler<Config>& s, uint32_t in
 }
 
 // A pull unit (at decode), by the dispatch warps: its share of the received rows into the pool, each
-// row counted for its expert. Traced steps (thread 0): 0 every rank's counts in and the segments
-// built, 1 its first warp's rows pulled and counted.
+// row counted for its expert (in the decode configs by the caller's copy_unit_rows, which it returns
+// them for). Traced steps (thread 0): 0 every rank's counts in and the segments built, 1 its rows
+// pulled and counted.
 template <class Config>
-__device__ void run_dispatch_pull(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread, uint32_t lane) {
+__device__ UnitRows run_dispatch_pull(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread, uint32_t lane) {
   const dispatch::DispatchArgs& a = s.params.dispatch;
-  dispatch::PoolSegments segments;
+  UnitRows unit;
   UnitRange rows;
-  if (!start_dispatch_pull(s, index, thread, index == 0, segments, rows)) return;
-  trace_step(s, thread == 0, TraceRole::dispatch,
-             first_pull_unit<Config::kStreamed>(s.plan(), s.route_units()) + index, UnitKind::pull, 0);
-  const uint32_t num_ranks = segments.num_ranks;
+  if (!start_dispatch_pull(s, index, thread, index == 0, unit.segments, rows)) return {};
+  const uint32_t traced_unit = first_pull_unit<Config::kStreamed>(s.plan(), s.route_units()) + index;
+  trace_step(s, thread == 0, TraceRole::dispatch, traced_unit, UnitKind::pull, 0);
+  if constexpr (kLocalRoutesConfig<Config>) {
+    unit.count = rows.end - rows.begin;
+    unit.pulled = true;
+    unit.first = rows.begin;
+    return unit;
+  }
   uint32_t* rows_pulled = s.counters().rows_pulled;
   constexpr uint32_t kWarps = kDispatchThreads / 32;
   for (uint32_t row = rows.begin + thread / 32; row < rows.end; row += kWarps) {
-    dispatch::pull_row<Config::kStreamed, kDispatchPullUnroll>(a, segments, row, lane);
-    // The L1 tiles read the row through the async proxy once its expert's count is complete. The
-    // warp's stores are ordered before lane 0's release by the warp barrier.
-    __syncwarp();
-    if (lane == 0) {
-      cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
-      cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(rows_pulled[segments.find(row) / num_ranks])
-          .fetch_add(1, cuda::memory_order_release);
-    }
+    dispatch::pull_row<Config::kStreamed, kDispatchPullUnroll>(a, unit.segments, row, lane);
+    count_copied_row(rows_pulled, unit.segments.find(row) / unit.segments.num_ranks, lane);
   }
-  trace_step(s, thread == 0, TraceRole::dispatch,
-             first_pull_unit<Config::kStreamed>(s.plan(), s.route_units()) + index, UnitKind::pull, 1);
+  trace_step(s, thread == 0, TraceRole::dispatch, traced_unit, UnitKind::pull, 1);
+  return {};
 }
 
 // A pull unit (bulk_pulls), by the dispatch warps: its rows' scales, route weights and sources into
@@ -318,10 +421,18 @@ __device__ void dispatch_fused(const FusedScheduler<Config>& s, uint32_t thread,
     const uint32_t unit = *s.queue_slot(queue.stage);
     if (unit == gemm::kNoUnit) return;
     const UnitRef ref = s.classify(unit);
-    if (ref.kind == UnitKind::send) run_send(s, ref.index, thread);
+    UnitRows rows;  // the decode configs' rows to copy (copy_unit_rows)
+    if (ref.kind == UnitKind::send) rows = run_send(s, ref.index, thread);
     else if (Config::kStreamed && ref.kind == UnitKind::route) run_route(s, ref.index, thread);
     else if (kBulkPullConfig<Config> && s.plan().bulk_pulls) run_pull_metadata(s, ref.index, thread, lane);
-    else run_dispatch_pull(s, ref.index, thread, lane);
+    else rows = run_dispatch_pull(s, ref.index, thread, lane);
+    if constexpr (kLocalRoutesConfig<Config>) {
+      copy_unit_rows(s, rows, thread, lane);
+      // Traced: a pull unit's rows (its step 1) or a one-rank send unit's routes (its step 3) copied.
+      if (rows.count > 0)
+        trace_step(s, thread == 0, TraceRole::dispatch, unit, ref.kind, ref.kind == UnitKind::pull ? 1 : 3);
+      if (rows.local_send) finish_local_send(s, ref.index, thread);
+    }
     DispatchSync{}();  // the table and the slot are free again
     if (thread == 0) trace_event(s, TraceRole::dispatch, unit, ref.kind, TraceWhat::done);
     if (thread == 0) cuda::ptx::mbarrier_arrive(s.queue_empty(queue.stage));

@@ -29,6 +29,7 @@ PreparedLaunch prepare_config(const FusedLaunch& l, int grid, const Use& use) {
   params.staged = l.staged;
   params.combine = l.combine;
   params.plan = l.plan;
+  if constexpr (!kLocalRoutesConfig<Config>) params.plan.local_routes = false;  // this kernel pulls
   params.split = gemm::split_args<Config>(l.l1[0].operands.split_workspace);
   params.trace = l.trace;
   params.ring_synchronized = l.ring_synchronized;

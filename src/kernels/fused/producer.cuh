@@ -121,7 +121,7 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
     if (unit >= first_routed_unit<Config::kStreamed>(s.plan(), s.route_units()) && !s.built()) {
       // Traced steps of the CTA's first routed unit, before its claim is logged: 0 every rank's counts
       // in, 1 the routed tables built.
-      const bool routes_in = lane == 0 ? counts_in(s) : true;
+      const bool routes_in = lane == 0 && !(kLocalRoutesConfig<Config> && s.plan().local_routes) ? counts_in(s) : true;
       if (!__shfl_sync(0xFFFFFFFFu, routes_in, 0)) break;
       trace_step(s, lane == 0, TraceRole::producer, unit, UnitKind::none, 0);
       s.build(lane);

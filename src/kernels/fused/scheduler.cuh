@@ -66,6 +66,14 @@ inline constexpr uint32_t kPullAreaBytes = Config::kScaleOffset + Config::kStage
 // producer) and once its scales, route weight and source are (the dispatch warps).
 template <class Config>
 inline constexpr bool kBulkPullConfig = Config::kLayout == gemm::TileLayout::tokens_on_m;
+// One rank's calls place their routes without pulls (UnitPlan::local_routes) in the batch calls'
+// decode configs whose dispatch warps have 96 registers: the code stays out of the prefill and
+// streamed kernels, and out of fp8_fp4's 64-token one (56 registers: its dispatch warps' spills went
+// from 95 to 178 local-memory instructions with it). The launch clears the flag for the others.
+template <class Config>
+inline constexpr bool kLocalRoutesConfig = !Config::kStreamed && Config::kLayout == gemm::TileLayout::weights_on_m &&
+                                           gemm::kProducerRegisters<Config> >= 96;
+static_assert(kMaxLocalExperts + 1 + 2 * kMaxTopK <= kDispatchTableEntries, "place_local_routes' table");
 template <class Config>
 __device__ __forceinline__ uint32_t pull_counts_per_row(const UnitPlan& plan) {
   return kBulkPullConfig<Config> && plan.bulk_pulls ? 2 : 1;
@@ -218,17 +226,31 @@ struct FusedScheduler {
   __device__ uint32_t shared_l1_m_tiles() const { return params.l1[1].args.m_tiles; }
   __device__ uint32_t shared_rows() const { return static_cast<uint32_t>(params.dispatch.num_tokens); }
 
-  // The producer warp (all lanes), once every rank's counts are in.
+  // The producer warp (all lanes), once every rank's counts are in; or at once in a one-rank call
+  // that places its routes itself (UnitPlan::local_routes), from the call's routes.
   __device__ void build(uint32_t lane) const {
-    const uint32_t num_ranks = static_cast<uint32_t>(view().num_ranks);
-    const uint32_t* recv_count = BufferLayout::at<uint32_t>(view().local(), params.dispatch.layout.recv_count);
     uint32_t* begin = group_begin();
     const uint32_t groups = num_groups();
-    // Each expert's rows: its counts from every source rank, all loads in flight, then one scan.
-    for (uint32_t g = lane; g < groups; g += 32) {
-      uint32_t rows = 0;
-      for (uint32_t r = 0; r < num_ranks; ++r) rows += recv_count[g * num_ranks + r];
-      begin[g] = rows;
+    if (kLocalRoutesConfig<Config> && plan().local_routes) {
+      // The rows each expert gets: its routes (every expert is local), as local_route_rows counts them.
+      const dispatch::DispatchArgs& a = params.dispatch;
+      const uint32_t routes = static_cast<uint32_t>(a.num_tokens) * static_cast<uint32_t>(a.problem.top_k);
+      for (uint32_t g = lane; g < groups; g += 32) begin[g] = 0;
+      __syncwarp();
+#pragma unroll 4
+      for (uint32_t route = lane; route < routes; route += 32) {
+        const int32_t expert = dispatch::local_route_expert(a, a.topk_idx[route]);
+        if (expert >= 0) atomicAdd(&begin[expert], 1u);
+      }
+    } else {
+      const uint32_t num_ranks = static_cast<uint32_t>(view().num_ranks);
+      const uint32_t* recv_count = BufferLayout::at<uint32_t>(view().local(), params.dispatch.layout.recv_count);
+      // Each expert's rows: its counts from every source rank, all loads in flight, then one scan.
+      for (uint32_t g = lane; g < groups; g += 32) {
+        uint32_t rows = 0;
+        for (uint32_t r = 0; r < num_ranks; ++r) rows += recv_count[g * num_ranks + r];
+        begin[g] = rows;
+      }
     }
     __syncwarp();
     device::warp_exclusive_prefix(groups, lane, begin, [&](uint32_t g) { return begin[g]; });

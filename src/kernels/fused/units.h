@@ -5,7 +5,9 @@
 //   send       a range of this rank's tokens: copy their inputs into the buffer, count their routes per
 //              expert, scatter `token * top_k + k` to the owners (kernels/dispatch); the last one to
 //              finish sends the counts and arrives on the cross-rank barrier. A streamed call
-//              (inputs from the front ring) only copies the inputs, from this rank's ring
+//              (inputs from the front ring) only copies the inputs, from this rank's ring. A one-rank
+//              call at decode sizes (local_routes) puts its token's routes' rows into the pool itself
+//              instead: no scatter, no count exchange, no pull units
 //   route      streamed calls only, route_parts per source rank: a part of the source's chunk of this
 //              call read from its front ring, its routes to this rank's experts indexed here, the
 //              source's counts published by its last part (the owner reads the routes itself: no
@@ -52,8 +54,13 @@ struct UnitPlan {
   uint32_t send_units = 1;  // at least one: the last send unit to finish publishes the counts
   uint32_t tokens_per_send = 1;
   uint32_t shared_l1_units = 0;
-  uint32_t pull_units = 1;  // this rank receives rows whatever its own token count
+  uint32_t pull_units = 1;  // this rank receives rows whatever its own token count (pull_units_of)
   bool bulk_pulls = false;  // by the producer with bulk copies, or by the dispatch warps
+  // A one-rank call at decode sizes: each send unit (one token) copies its routes' rows into the pool,
+  // and every producer counts the experts' rows from the routes: no scatter, count exchange or pull
+  // units. Cleared for the kernels that do not compile it (fused_launch.cuh: kLocalRoutesConfig),
+  // which then run pull_units.
+  bool local_routes = false;
   uint32_t shared_l2_units = 0;
   uint32_t combine_units = 0;
   uint32_t vectors_per_combine = 1;  // 16-byte output vectors, token-major over this rank's tokens
@@ -132,6 +139,9 @@ MEGAMOE_HD RouteParts route_parts(uint32_t routes) {
   return {parts, per_part > 1 ? per_part : 1};
 }
 
+// The pull units a call runs.
+MEGAMOE_HD uint32_t pull_units_of(const UnitPlan& plan) { return plan.local_routes ? 0u : plan.pull_units; }
+
 // kStreamed: a streamed call's kernel, whose `route_units` (route_parts per source rank, part-major)
 // follow the send units; the batch kernel classifies as before streamed calls existed (a flag of the kernel, not a
 // field of the plan, so that the batch kernels' code stays as it was).
@@ -141,7 +151,7 @@ MEGAMOE_HD uint32_t first_pull_unit(const UnitPlan& plan, uint32_t route_units =
 }
 template <bool kStreamed = false>
 MEGAMOE_HD uint32_t first_routed_unit(const UnitPlan& plan, uint32_t route_units = 0) {
-  return first_pull_unit<kStreamed>(plan, route_units) + plan.pull_units + plan.shared_l1_units;
+  return first_pull_unit<kStreamed>(plan, route_units) + pull_units_of(plan) + plan.shared_l1_units;
 }
 
 template <bool kStreamed = false>
@@ -161,7 +171,7 @@ MEGAMOE_HD UnitRef classify(const UnitPlan& plan, const RoutedUnits& routed, uin
   }
   const UnitKind order[] = {UnitKind::send,      UnitKind::pull,      UnitKind::shared_l1, UnitKind::routed_l1,
                             UnitKind::shared_l2, UnitKind::routed_l2, UnitKind::combine};
-  const uint32_t counts[] = {plan.send_units,       plan.pull_units, plan.shared_l1_units, routed.l1,
+  const uint32_t counts[] = {plan.send_units,       pull_units_of(plan), plan.shared_l1_units, routed.l1,
                              plan.shared_l2_units, routed.l2,       plan.combine_units};
   uint32_t first = 0;
   for (uint32_t k = 0; k < 7; ++k) {
@@ -211,6 +221,7 @@ struct PlanShape {
   uint32_t shared_l2_m_tiles;
   bool tokens_on_m = false;  // the tile layout: only its kernel has the producer's bulk pulls
   uint32_t hidden_vectors = 0;  // 16-byte vectors of a token's output row (hidden / 8)
+  bool single_rank_batch = false;  // one rank, inputs from the caller (not a streamed call)
 };
 
 // Send units: about one per CTA, so that copying the inputs spreads over the grid. Pull units, by
@@ -223,6 +234,10 @@ struct PlanShape {
 //   - otherwise the dispatch warps pull with their registers while the CTA goes on to its GEMM units:
 //     one unit per CTA or about 128 rows each, at least a row each, up to four per CTA, so that a
 //     decode pull's chain of round trips spreads over the grid.
+// One rank's batch call with decode (weights_on_m) tiles and at most a token per CTA places its routes
+// itself (local_routes): at one token the send, the count exchange and the pulls were a chain of
+// about 17 µs before the first routed tile (DeepSeek-V3, one H100), of which the rows' bytes were
+// not the cost. Each send unit then scans the call's routes once (at most grid x top_k).
 // Combine units: about two per CTA, of whole tokens. With fewer tokens than CTAs, a unit takes at
 // least one output vector per math thread instead, so that a few tokens' rows spread over CTAs: one
 // token (DeepSeek-V3's 896 vectors) is four units of one round trip each rather than one unit of
@@ -245,6 +260,7 @@ inline UnitPlan make_unit_plan(const PlanShape& s) {
   plan.bulk_pulls = s.tokens_on_m && rows_per_cta >= kBulkPullRows &&
                     (s.shared_l1_m_tiles == 0 || rows_per_cta <= kBulkPullRowsBesideShared);
   const uint32_t spread = routes < grid ? static_cast<uint32_t>(routes) : grid;
+  plan.local_routes = s.single_rank_batch && !s.tokens_on_m && s.num_tokens <= grid;
   plan.pull_units = plan.bulk_pulls ? grid : clamp(div_up(routes, 128), spread > 1 ? spread : 1, 4 * grid);
   const uint64_t vectors = uint64_t{s.num_tokens} * s.hidden_vectors;
   plan.vectors_per_combine = s.num_tokens >= grid
