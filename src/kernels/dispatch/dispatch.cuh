@@ -280,6 +280,18 @@ __device__ inline void refuse_call(const DispatchArgs& a, uint32_t received) {
                              static_cast<uint32_t>(a.view.rank) + 1);
 }
 
+// Publishes each local expert's first pool row (expert_rows in the buffer; all 0 for a refused call)
+// and adds its rows to the receive statistics: expert e's first row is begin[e * stride].
+__device__ inline void publish_expert_rows(const DispatchArgs& a, const uint32_t* begin, uint32_t stride, bool fits,
+                                           uint32_t thread, uint32_t threads) {
+  const uint32_t experts = a.layout.experts_per_rank;
+  uint32_t* expert_rows = BufferLayout::at<uint32_t>(a.view.local(), a.layout.expert_rows);
+  for (uint32_t e = thread; e <= experts; e += threads) {
+    expert_rows[e] = fits ? begin[e * stride] : 0;
+    if (fits && a.recv_stats != nullptr && e < experts) a.recv_stats[e] += begin[(e + 1) * stride] - begin[e * stride];
+  }
+}
+
 // Builds segment_begin[] from the received counts (thread `thread` of `threads`, barrier `sync`, warp 0
 // among them scans); with `publish`, also expert_rows in the buffer and the receive statistics.
 // False (every caller) when the routes exceed the receive capacity: the segments are then all empty,
@@ -307,14 +319,7 @@ __device__ inline bool build_segments(const DispatchArgs& a, uint32_t* segment_b
     if (publish && thread == 0) refuse_call(a, received);
     sync();
   }
-  if (publish) {
-    uint32_t* expert_rows = BufferLayout::at<uint32_t>(a.view.local(), a.layout.expert_rows);
-    for (uint32_t e = thread; e <= a.layout.experts_per_rank; e += threads) {
-      expert_rows[e] = segment_begin[e * num_ranks];
-      if (a.recv_stats != nullptr && e < a.layout.experts_per_rank)
-        a.recv_stats[e] += segment_begin[(e + 1) * num_ranks] - segment_begin[e * num_ranks];
-    }
-  }
+  if (publish) publish_expert_rows(a, segment_begin, num_ranks, fits, thread, threads);
   return fits;
 }
 
@@ -374,11 +379,37 @@ __device__ inline RowSource row_source(const DispatchArgs& a, const PoolSegments
   return {rank, token_topk, a.view.peers[rank]};
 }
 
-// Pulls pool row `row` from `source` (warp-wide, `lane`): the row, its scales and its route weight
-// loaded together (at decode each row's round trips are the pull's time), then all of them stored.
-// kUnroll: 16-byte vectors in flight per lane.
+// Where a row's inputs are read: a rank's x, its scales and its route weights, each token-major (row
+// input_row of each, route input_route_of_row of the weights). In the source rank's buffer; or, for a
+// one-rank call's own routes, the caller's tensors (caller_inputs), whose rows are laid out alike.
+struct RowInputs {
+  const char* x;
+  const float* x_scales;
+  const float* topk_weights;
+};
+template <bool kStreamed>
+__device__ __forceinline__ RowInputs buffer_inputs(const DispatchArgs& a, const char* buffer) {
+  const InputOffsets offsets = input_offsets<kStreamed>(a);
+  return {buffer + offsets.x, reinterpret_cast<const float*>(buffer + offsets.x_scales),
+          reinterpret_cast<const float*>(buffer + offsets.topk_weights)};
+}
+// The caller's tensors where the staging copies them from, this rank's buffer where the caller wrote
+// them there itself (nothing to copy). The layer requires every tensor 16-byte aligned (check_tensor).
+__device__ __forceinline__ RowInputs caller_inputs(const DispatchArgs& a, const StagedInputs& staged) {
+  const RowInputs staged_inputs = buffer_inputs<false>(a, a.view.local());
+  const auto* x = reinterpret_cast<const char*>(staged.copies[0].source);
+  const auto* x_scales = reinterpret_cast<const float*>(staged.copies[1].source);
+  const auto* topk_weights = reinterpret_cast<const float*>(staged.copies[2].source);
+  return {x != nullptr ? x : staged_inputs.x, x_scales != nullptr ? x_scales : staged_inputs.x_scales,
+          topk_weights != nullptr ? topk_weights : staged_inputs.topk_weights};
+}
+
+// Pulls pool row `row` from `source`, its inputs read from `inputs` (warp-wide, `lane`): the row, its
+// scales and its route weight loaded together (at decode each row's round trips are the pull's time),
+// then all of them stored. kUnroll: 16-byte vectors in flight per lane.
 template <bool kStreamed = false, int kUnroll = device::kPullRowUnroll>
-__device__ inline void pull_row_from(const DispatchArgs& a, const RowSource& source, uint32_t row, uint32_t lane) {
+__device__ inline void pull_row_from(const DispatchArgs& a, const RowSource& source, const RowInputs& inputs,
+                                     uint32_t row, uint32_t lane) {
   const uint32_t row_bytes = static_cast<uint32_t>(a.problem.hidden) * a.layout.activation_bytes;
   const uint32_t hidden_blocks = a.layout.hidden_blocks;
   const bool scaled = a.problem.recipe != Recipe::bf16;
@@ -389,23 +420,17 @@ __device__ inline void pull_row_from(const DispatchArgs& a, const RowSource& sou
   const uint32_t token_topk = source.token_topk;
   const uint32_t token = token_topk / static_cast<uint32_t>(a.problem.top_k);
   const uint64_t input = input_row<kStreamed>(a, source.rank, token);
-  const char* source_buffer = source.buffer;
-  const float* source_scales =
-      reinterpret_cast<const float*>(source_buffer + input_offsets<kStreamed>(a).x_scales) + input * hidden_blocks;
+  const float* source_scales = inputs.x_scales + input * hidden_blocks;
   float scales[kEarlyScales];
 #pragma unroll
   for (uint32_t i = 0; i < kEarlyScales; ++i) {
     const uint32_t kb = lane + 32 * i;
     scales[i] = scaled && kb < hidden_blocks ? source_scales[kb] : 0.0f;
   }
-  const float weight =
-      lane == 0
-          ? reinterpret_cast<const float*>(source_buffer + input_offsets<kStreamed>(a).topk_weights)
-                [input_route_of_row<kStreamed>(a, input, token_topk)]
-          : 0.0f;
-  device::copy_row_vector<kUnroll>(
-      source_buffer + input_offsets<kStreamed>(a).x + input * row_bytes,
-      a.view.local() + a.layout.l1_pool.offset + uint64_t{row} * row_bytes, row_bytes, lane);
+  const float weight = lane == 0 ? inputs.topk_weights[input_route_of_row<kStreamed>(a, input, token_topk)] : 0.0f;
+  device::copy_row_vector<kUnroll>(inputs.x + input * row_bytes,
+                                   a.view.local() + a.layout.l1_pool.offset + uint64_t{row} * row_bytes, row_bytes,
+                                   lane);
   // Scales K-block-major: one TMA box then holds a GEMM tile's scales.
   if (scaled) {
 #pragma unroll
@@ -424,7 +449,8 @@ __device__ inline void pull_row_from(const DispatchArgs& a, const RowSource& sou
 // The same for pool row `row`, from the source its segment gives.
 template <bool kStreamed = false, int kUnroll = device::kPullRowUnroll>
 __device__ inline void pull_row(const DispatchArgs& a, const PoolSegments& segments, uint32_t row, uint32_t lane) {
-  pull_row_from<kStreamed, kUnroll>(a, row_source(a, segments, row), row, lane);
+  const RowSource source = row_source(a, segments, row);
+  pull_row_from<kStreamed, kUnroll>(a, source, buffer_inputs<kStreamed>(a, source.buffer), row, lane);
 }
 
 // ---- One rank's calls: routes placed without a scatter, a count exchange or pulls ----
@@ -486,15 +512,10 @@ __device__ inline void local_route_rows(const DispatchArgs& a, uint32_t token, u
 // (expert_rows, the receive statistics), or the refusal when the routes exceed the receive capacity.
 __device__ inline void publish_local_rows(const DispatchArgs& a, const uint32_t* expert_begin, uint32_t thread,
                                           uint32_t threads) {
-  const uint32_t experts = a.layout.experts_per_rank;
-  const uint32_t received = expert_begin[experts];
+  const uint32_t received = expert_begin[a.layout.experts_per_rank];
   const bool fits = received <= a.layout.recv_capacity;
   if (!fits && thread == 0) refuse_call(a, received);
-  uint32_t* expert_rows = BufferLayout::at<uint32_t>(a.view.local(), a.layout.expert_rows);
-  for (uint32_t e = thread; e <= experts; e += threads) {
-    expert_rows[e] = fits ? expert_begin[e] : 0;
-    if (fits && a.recv_stats != nullptr && e < experts) a.recv_stats[e] += expert_begin[e + 1] - expert_begin[e];
-  }
+  publish_expert_rows(a, expert_begin, 1, fits, thread, threads);
 }
 
 // Scale loads in flight per lane while pull_rows_metadata copies 32 rows' scales. (Eight spilled the

@@ -113,20 +113,29 @@ __device__ __forceinline__ void count_copied_row(uint32_t* rows_pulled, uint32_t
 struct UnitRows {
   uint32_t count = 0;                       // rows, or routes of the token
   bool pulled = false;                      // a pull unit's rows (segments), or a send unit's routes
-  bool local_send = false;                  // a one-rank send unit's: finish_local_send after the copy
+  bool local_send = false;                  // a one-rank send unit's, placed: run_send counts it after the copy
   dispatch::PoolSegments segments{};        // a pull unit's
   uint32_t first = 0;                       // a pull unit's first row, or the token's first route
   const uint32_t* route_rows = nullptr;     // [count] the routes' pool rows (kNoPoolRow: none)
   const int32_t* route_experts = nullptr;   // [count] their experts
 };
 
-// A one-rank call's send unit (UnitPlan::local_routes: one token), after its inputs are staged: where
+// A one-rank call's send unit (UnitPlan::local_routes: one token), before its inputs are staged: where
 // its routes go in the pool (the table in the dispatch warps' shared memory, with the pool's expert
-// offsets before it). The rank's barrier is not crossed: no peer sends counts, and every producer
-// counts the experts' rows from the routes itself.
+// offsets before it). The caller copies their rows from the caller's tensors, then stages the token
+// (run_send): the rows reach the pool before the weight streams load the memory system, where each
+// of the dispatch warps' round trips took 2-4 times as long (traced on one H100, stop 85). The rank's
+// barrier is not crossed: no peer sends counts, and every producer counts the experts' rows from the
+// routes itself. Traced steps: 1 the previous call seen ended, 2 the rows found.
 template <class Config>
-__device__ UnitRows place_local_routes(const FusedScheduler<Config>& s, UnitRange tokens, uint32_t thread) {
+__device__ UnitRows place_local_routes(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread) {
   const dispatch::DispatchArgs& a = s.params.dispatch;
+  const UnitRange tokens = unit_range(index, s.plan().tokens_per_send, static_cast<uint32_t>(a.num_tokens));
+  // Not before the previous call has ended (sync.cuh), as every send.
+  if (!group_flag(s.words(FusedTables::kDispatchFlag), thread, DispatchSync{},
+                  [&] { return device::peers_previous_call_ended(s.view(), s.control()); }))
+    return {};
+  trace_step(s, thread == 0, TraceRole::dispatch, index, UnitKind::send, 1);
   const uint32_t top_k = static_cast<uint32_t>(a.problem.top_k);
   const uint32_t experts = static_cast<uint32_t>(a.problem.num_experts);
   uint32_t* expert_begin = s.dispatch_table();
@@ -141,6 +150,7 @@ __device__ UnitRows place_local_routes(const FusedScheduler<Config>& s, UnitRang
   uint32_t* rows = expert_begin + experts + 1 + kMaxTopK;
   dispatch::local_route_rows(a, tokens.begin, expert_begin, token_experts, rows, thread, kDispatchThreads,
                              DispatchSync{});
+  trace_step(s, thread == 0, TraceRole::dispatch, index, UnitKind::send, 2);
   routes.count = top_k;
   routes.first = tokens.begin * top_k;
   routes.route_rows = rows;
@@ -148,16 +158,16 @@ __device__ UnitRows place_local_routes(const FusedScheduler<Config>& s, UnitRang
   return routes;
 }
 
-// A one-rank call's send unit once its routes' rows are copied: the first unit publishes the pool's
-// expert offsets (or refuses the call), then the unit counts itself sent, its staged inputs fenced
-// for the shared experts' tiles. Counted after the copy, the fence and the count stay off the routed
-// rows' path; the shared experts' tiles wait for the copy of a few rows instead.
+// A one-rank call's send unit once its routes' rows are copied and its inputs staged: the first unit
+// publishes the pool's expert offsets (or refuses the call), then the unit counts itself sent, its
+// staged inputs fenced for the shared experts' tiles. Traced step 4: counted.
 template <class Config>
 __device__ void finish_local_send(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread) {
   if (index == 0) dispatch::publish_local_rows(s.params.dispatch, s.dispatch_table(), thread, kDispatchThreads);
   device::fence_ranks(s.view());
   DispatchSync{}();
   if (thread == 0) device::atomic_add_acq_rel_ranks(s.view(), &s.control()->fused_sends_done, 1u);
+  trace_step(s, thread == 0, TraceRole::dispatch, index, UnitKind::send, 4);
 }
 
 // Copies a unit's rows into the pool, a warp per row, each counted for its expert once it is there.
@@ -169,17 +179,20 @@ __device__ void copy_unit_rows(const FusedScheduler<Config>& s, const UnitRows& 
   for (uint32_t i = thread / 32; i < unit.count; i += kWarps) {
     uint32_t row, expert;
     dispatch::RowSource source;
+    dispatch::RowInputs inputs;
     if (unit.pulled) {
       row = unit.first + i;
       source = dispatch::row_source(a, unit.segments, row);
+      inputs = dispatch::buffer_inputs<Config::kStreamed>(a, source.buffer);
       expert = unit.segments.find(row) / unit.segments.num_ranks;
-    } else {  // a send unit's own routes, staged by this CTA (ordered by the dispatch warps' barriers)
+    } else {  // a send unit's own routes, from the caller's tensors (staged after the copy)
       row = unit.route_rows[i];
       if (row == dispatch::kNoPoolRow) continue;
       source = {static_cast<uint32_t>(a.view.rank), unit.first + i, a.view.local()};
+      inputs = dispatch::caller_inputs(a, s.params.staged);
       expert = static_cast<uint32_t>(unit.route_experts[i]);
     }
-    dispatch::pull_row_from<Config::kStreamed, kDispatchPullUnroll>(a, source, row, lane);
+    dispatch::pull_row_from<Config::kStreamed, kDispatchPullUnroll>(a, source, inputs, row, lane);
     count_copied_row(rows_pulled, expert, lane);
   }
 }
@@ -189,33 +202,29 @@ __device__ void copy_unit_rows(const FusedScheduler<Config>& s, const UnitRows& 
 // send units come first in the claim order, so `index` is the unit's number): 0 its inputs staged, 1
 // the shared experts' scales staged and the peers' previous call ended, 2 its routes scattered, 3
 // fenced, 4 counted done, 5 the counts sent and fenced (the last unit). A one-rank call's send unit
-// (local_routes) returns its routes instead of scattering them, and the caller copies them and
-// finishes it (finish_local_send): 2 their rows found, 3 copied.
+// (local_routes) has placed and copied its routes before (place_local_routes: 1, 2; the caller: 3
+// copied); here it is staged (0) and counted (finish_local_send: 4).
 template <class Config>
-__device__ UnitRows run_send(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread) {
+__device__ void run_send(const FusedScheduler<Config>& s, uint32_t index, uint32_t thread, bool placed) {
   const dispatch::DispatchArgs& a = s.params.dispatch;
   const UnitRange tokens = unit_range(index, s.plan().tokens_per_send, static_cast<uint32_t>(a.num_tokens));
-  if constexpr (Config::kStreamed) {
-    run_streamed_send(s, tokens, thread);
-    return {};
-  }
+  if constexpr (Config::kStreamed) return run_streamed_send(s, tokens, thread);
   stage_send_inputs(s, s.params.staged, tokens, thread);
   trace_step(s, thread == 0, TraceRole::dispatch, index, UnitKind::send, 0);
   DispatchSync{}();  // the scales the shared experts' copy reads are the ones just staged
   dispatch::stage_shared_scales(a, tokens.begin, tokens.end, thread, kDispatchThreads);
+  if constexpr (kLocalRoutesConfig<Config>) {
+    if (s.plan().local_routes) {
+      if (placed) finish_local_send(s, index, thread);  // not after a failed wait (recorded)
+      return;
+    }
+  }
   // Not before every peer's previous call has ended (sync.cuh). This rank's staged inputs need no
   // wait: peers pull them only in calls where this rank has tokens, whose combine waited for their L2.
   if (!group_flag(s.words(FusedTables::kDispatchFlag), thread, DispatchSync{},
                   [&] { return device::peers_previous_call_ended(s.view(), s.control()); }))
-    return {};
+    return;
   trace_step(s, thread == 0, TraceRole::dispatch, index, UnitKind::send, 1);
-  if constexpr (kLocalRoutesConfig<Config>) {
-    if (s.plan().local_routes) {
-      const UnitRows routes = place_local_routes(s, tokens, thread);
-      trace_step(s, thread == 0, TraceRole::dispatch, index, UnitKind::send, 2);
-      return routes;
-    }
-  }
   const uint32_t top_k = static_cast<uint32_t>(a.problem.top_k);
   dispatch::count_and_scatter(a, tokens.begin * top_k, tokens.end * top_k, s.dispatch_table(), thread,
                               kDispatchThreads, DispatchSync{});
@@ -228,13 +237,12 @@ __device__ UnitRows run_send(const FusedScheduler<Config>& s, uint32_t index, ui
     return device::atomic_add_acq_rel_ranks(s.view(), &s.control()->fused_sends_done, 1u) + 1 == s.plan().send_units;
   });
   trace_step(s, thread == 0, TraceRole::dispatch, index, UnitKind::send, 4);
-  if (!last) return {};
+  if (!last) return;
   dispatch::send_counts(a, thread, kDispatchThreads);
   device::fence_ranks(s.view());
   DispatchSync{}();
   trace_step(s, thread == 0, TraceRole::dispatch, index, UnitKind::send, 5);
   if (thread == 0) device::rank_arrive(s.view(), s.control(), s.epoch(1));
-  return {};
 }
 
 // Whether two chunks' metadata agree in every field.
@@ -422,17 +430,25 @@ __device__ void dispatch_fused(const FusedScheduler<Config>& s, uint32_t thread,
     if (unit == gemm::kNoUnit) return;
     const UnitRef ref = s.classify(unit);
     UnitRows rows;  // the decode configs' rows to copy (copy_unit_rows)
-    if (ref.kind == UnitKind::send) rows = run_send(s, ref.index, thread);
-    else if (Config::kStreamed && ref.kind == UnitKind::route) run_route(s, ref.index, thread);
-    else if (kBulkPullConfig<Config> && s.plan().bulk_pulls) run_pull_metadata(s, ref.index, thread, lane);
-    else rows = run_dispatch_pull(s, ref.index, thread, lane);
+    if (ref.kind == UnitKind::send) {
+      if constexpr (kLocalRoutesConfig<Config>) {
+        if (s.plan().local_routes) rows = place_local_routes(s, ref.index, thread);
+      }
+    } else if (Config::kStreamed && ref.kind == UnitKind::route) {
+      run_route(s, ref.index, thread);
+    } else if (kBulkPullConfig<Config> && s.plan().bulk_pulls) {
+      run_pull_metadata(s, ref.index, thread, lane);
+    } else {
+      rows = run_dispatch_pull(s, ref.index, thread, lane);
+    }
     if constexpr (kLocalRoutesConfig<Config>) {
       copy_unit_rows(s, rows, thread, lane);
       // Traced: a pull unit's rows (its step 1) or a one-rank send unit's routes (its step 3) copied.
       if (rows.count > 0)
         trace_step(s, thread == 0, TraceRole::dispatch, unit, ref.kind, ref.kind == UnitKind::pull ? 1 : 3);
-      if (rows.local_send) finish_local_send(s, ref.index, thread);
     }
+    // A send unit's inputs staged (one call site: each inlined copy of the staging adds its loops).
+    if (ref.kind == UnitKind::send) run_send(s, ref.index, thread, rows.local_send);
     DispatchSync{}();  // the table and the slot are free again
     if (thread == 0) trace_event(s, TraceRole::dispatch, unit, ref.kind, TraceWhat::done);
     if (thread == 0) cuda::ptx::mbarrier_arrive(s.queue_empty(queue.stage));
