@@ -12,7 +12,8 @@ and the span of each kind (first start to last end). For each GEMM kind it also 
 consecutive units of that kind, the median period (one unit's end to the next one's) and how long
 before the earlier unit's end the producer had found the next one's operands ready (a negative lead:
 the math warps waited for the producer), and the same periods split by whether the CTA's own pull
-units were still running (the dispatch warps' pulls share the SM with its GEMM units).
+units were still running (the dispatch warps' pulls share the SM with its GEMM units). Last, how long
+the CTAs' GEMM roles sat idle before their first unit, between units and after their last.
 """
 import argparse
 import json
@@ -132,6 +133,47 @@ def pull_overlap(units):
     return {kind: (summary(beside), summary(after)) for kind, (beside, after) in split.items()}
 
 
+def gemm_idle(units):
+    """Where the CTAs' GEMM roles sat idle, in CTA-µs over the call (first event to last end): before
+    a CTA's first GEMM unit was ready, between its units (the union of their ready-to-done spans:
+    the producer's next unit is often ready before the one before ends), and after its last one.
+    At decode each idle SM is weight bytes not streamed, so each part over the CTAs is about the µs
+    it adds to the call. Returns (ctas, span, busy, before, between, after)."""
+    start = min((u[2] for u in units), default=0.0)
+    end = max((u[4] for u in units), default=0.0)
+    ctas = sorted({u[0] for u in units})
+    busy = before = between = after = 0.0
+    for cta in ctas:
+        gemm_spans = sorted((u[3], u[4]) for u in units if u[0] == cta and u[1] in GEMM_KINDS)
+        if not gemm_spans:
+            before += end - start
+            continue
+        covered, last_end = 0.0, None
+        for ready, done in gemm_spans:
+            if last_end is None:
+                before += ready - start
+                covered, last_end = done - ready, done
+            elif ready > last_end:
+                between += ready - last_end
+                covered += done - ready
+                last_end = done
+            elif done > last_end:
+                covered += done - last_end
+                last_end = done
+        busy += covered
+        after += end - last_end
+    return len(ctas), end - start, busy, before, between, after
+
+
+def summarize_idle(units):
+    ctas, span, busy, before, between, after = gemm_idle(units)
+    if ctas == 0 or span <= 0:
+        return
+    print(f"  GEMM roles busy {busy / (ctas * span):.2f} of {ctas} CTAs x {span:.1f} us; idle, per CTA: "
+          f"{before / ctas:.1f} us before the first unit, {between / ctas:.1f} between units, "
+          f"{after / ctas:.1f} after the last")
+
+
 def summarize_rhythm(units):
     for kind, (pairs, period, lead) in sorted(gemm_rhythm(units).items()):
         print(f"  {KINDS[kind]:10s} period {period:8.1f} us per unit per CTA (median of {pairs}), "
@@ -179,6 +221,7 @@ def main():
         units = spans(log["events"])
         summarize(path, units)
         summarize_rhythm(units)
+        summarize_idle(units)
         summarize_steps(log["events"])
         plot(path, units)
 

@@ -64,6 +64,17 @@ def main():
         failures.append(f'step offsets {offsets}, expected {expected_steps}')
     if len(plot_trace.spans(stepped)) != 2:
         failures.append('steps made units of their own in spans()')
+    # Idle GEMM roles over a call from 0 to 100 us (the send unit's claim to the last L2 end). CTA 6:
+    # a send unit 0-10, then L1 ready 20-60 and the next L1 ready at 55 (overlapping: no gap) to 70,
+    # an L2 80-100: 20 us before, 10 between, none after. CTA 7: one L1 unit 30-90: 30 before, 10
+    # after. CTA 8: only a combine unit: idle all along (100 before).
+    idle_log = unit(6, 0, SEND, 0, 0, 10) + unit(6, 10, ROUTED_L1, 15, 20, 60) + unit(6, 11, ROUTED_L1, 50, 55, 70)
+    idle_log += unit(6, 12, ROUTED_L2, 75, 80, 100) + unit(7, 13, ROUTED_L1, 5, 30, 90)
+    idle_log += unit(8, 14, plot_trace.KINDS.index('combine'), 90, 95, 99)
+    idle = plot_trace.gemm_idle(plot_trace.spans(idle_log))
+    expected_idle = (3, 100.0, 70.0 + 60.0, 20.0 + 30.0 + 100.0, 10.0, 10.0)
+    if idle != expected_idle:
+        failures.append(f'gemm_idle {idle}, expected {expected_idle}')
     for failure in failures:
         print('FAIL', failure)
     print('plot_trace_test:', 'failed' if failures else 'passed')
