@@ -34,7 +34,8 @@
 #                                                 per expert, then 1024, uniform) from $BUILD, checked against the
 #                                                 committed results by tools/perf_guard.py: run it first in a session
 #   tools/gpu_check.sh clocks CMD...             CMD with the SM clock and board power logged
-#   tools/gpu_check.sh ncu NAME REGEX SKIP CMD...  one launch of a kernel, profiled (last step: takes the rest)
+#   tools/gpu_check.sh ncu NAME REGEX SKIP CMD...  one launch of a kernel, profiled, with tools/ncu_waits.py's
+#                                                 summary of its mbarrier waits (last step: takes the rest)
 # Binaries are built on this machine and carried with the call: copy the GPU test binaries, the
 # megamoe tool and the benchmarks into an ignored folder (e.g. out/) and name it in `carry`; `megamoe bench`
 # runs megamoe_layer_bench from beside the tool (or from its bench/layer/).
@@ -193,6 +194,7 @@ step_ncu() {
   ncu -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass >"$OUT/$name.sass.csv" 2>&1 ||
     ncu -i "$OUT/$name.ncu-rep" --page source --csv >"$OUT/$name.sass.csv" 2>&1
   wc -c "$OUT/$name.sass.csv"
+  python3 "$(dirname "$0")/ncu_waits.py" "$OUT/$name.sass.csv" || true  # where the warps wait
 }
 
 # The head of a results file (/work/shared/bench-results.md's format) up to the rows' opening bracket.
