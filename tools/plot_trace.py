@@ -148,19 +148,15 @@ def gemm_idle(units):
         if not gemm_spans:
             before += end - start
             continue
-        covered, last_end = 0.0, None
-        for ready, done in gemm_spans:
-            if last_end is None:
-                before += ready - start
-                covered, last_end = done - ready, done
-            elif ready > last_end:
+        before += gemm_spans[0][0] - start
+        last_end = gemm_spans[0][0]
+        for ready, done in gemm_spans:  # the union of the spans, and the gaps between them
+            if ready > last_end:
                 between += ready - last_end
-                covered += done - ready
+                last_end = ready
+            if done > last_end:
+                busy += done - last_end
                 last_end = done
-            elif done > last_end:
-                covered += done - last_end
-                last_end = done
-        busy += covered
         after += end - last_end
     return len(ctas), end - start, busy, before, between, after
 
