@@ -7,9 +7,9 @@ offset, and the loops that execute the most instructions (a polling loop shows u
 
 A wait's samples are those of its `SYNCS.PHASECHK.TRANS64.TRYWAIT` and of the first later
 instruction predicated on the wait's result (within 48 rows): the warp stalls there, on the branch
-that tests it. Offsets are the kernel's own
-(its shared-memory layout); compare them between kernels of one configuration. Samples scale with
-the warps alive and the kernel's duration: compare shares, or scale by the durations.
+that tests it. Offsets are the kernel's own (its shared-memory layout); compare them between kernels
+of one configuration. Samples scale with the warps alive and the kernel's duration: compare shares,
+or scale by the durations.
 """
 import csv
 import re
