@@ -16,6 +16,9 @@
 #                                                 shared: the megamoe tool and the layer bench ($TARGETS:
 #                                                 more targets, `all` for the tests; $CMAKE_ARGS: e.g.
 #                                                 -DMEGAMOE_FUSED_TRACE=ON) (last step)
+#   tools/gpu_check.sh unpack PACK                 the trees packed by tools/pack_trees.sh (built on the CPU
+#                                                 machine), unpacked where they were packed from; a tree whose
+#                                                 megamoe does not start here is built here instead (`trees`)
 #   tools/gpu_check.sh ab ROUNDS TREE... -- ARGS   `megamoe bench ARGS` from each tree's build, the trees
 #                                                 taking turns ROUNDS times (same-run A/B); prints each
 #                                                 tree's kernel-source digest (naming trees of one source),
@@ -190,6 +193,7 @@ step_ncu() {
   [ -f "$OUT/$name.ncu-rep" ] || { grep -E "==(WARNING|ERROR)==" "$OUT/$name.ncu.log" | head -5; status=1; return; }
   ncu -i "$OUT/$name.ncu-rep" --page details --csv >"$OUT/$name.details.csv" 2>/dev/null
   ncu -i "$OUT/$name.ncu-rep" --page raw --csv >"$OUT/$name.raw.csv" 2>/dev/null  # every metric: pipes, shared memory
+  python3 "$(dirname "$0")/ncu_stalls.py" "$OUT/$name.raw.csv" || true  # why the warps were not issuing
   grep -E '"(Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Registers Per Thread|Issue Slots Busy)"|[Tt]ensor' "$OUT/$name.details.csv" | cut -d, -f5- | head -20
   ncu -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass >"$OUT/$name.sass.csv" 2>&1 ||
     ncu -i "$OUT/$name.ncu-rep" --page source --csv >"$OUT/$name.sass.csv" 2>&1
@@ -459,6 +463,27 @@ step_stress() {
 }
 
 # Builds every source tree at once into TREE/build, the cores shared; TREE/build.log has the output.
+step_unpack() {
+  local pack=$1 tree rebuild=()
+  local -a trees
+  mapfile -t trees < <(tar tJf "$pack" | sed -n 's#/build/packed.targets$##p')
+  [ ${#trees[@]} -gt 0 ] || { echo "unpack: no trees in $pack"; status=1; return; }
+  tar xJf "$pack" || { echo "unpack: $pack does not unpack"; status=1; return; }
+  for tree in "${trees[@]}"; do
+    if "$tree/build/megamoe" --help >/dev/null 2>&1; then
+      echo "unpack: $tree runs as packed"
+    else
+      echo "unpack: $tree/build/megamoe does not start here; building the tree here"
+      "$tree/build/megamoe" --help 2>&1 | head -3
+      rebuild+=("$tree")
+    fi
+  done
+  [ ${#rebuild[@]} -eq 0 ] && return
+  local targets; targets=$(cat "${rebuild[0]}/build/packed.targets")
+  for tree in "${rebuild[@]}"; do rm -rf "$tree/build"; done
+  TARGETS=$targets step_trees "${rebuild[@]}"
+}
+
 step_trees() {
   local jobs=$(( $(nproc) / $# )) tree
   [ $jobs -ge 1 ] || jobs=1
@@ -517,6 +542,7 @@ while [ $# -gt 0 ]; do
     sanitize) step_sanitize "$1" "$2"; shift 2 ;;
     stress) step_stress "$1"; shift ;;
     trees) step_trees "$@"; shift $# ;;
+    unpack) step_unpack "$1"; shift ;;
     ab) step_ab "$@"; shift $# ;;
     trace) step_trace "$@"; shift $# ;;
     gemm-guard) step_gemm_guard ;;

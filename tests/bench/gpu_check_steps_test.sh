@@ -4,6 +4,7 @@
 #          summarized, and a failed run or one that wrote no log fails the step;
 #   ab:    each tree's rounds, medians against the first tree, and the noise floor between the two
 #          trees built from one source; a second A/B into the same OUT goes to ab-2;
+#   pack_trees/unpack: what is packed and left out, a tree kept as packed, one built again;
 #   stress: the sequence runs, one bench with the library path the script was started with (as a
 #          user starts the tool), and a failing run stops the step and is named.
 set -euo pipefail
@@ -98,4 +99,47 @@ FAKE_SLEEP=0.5 STRESS_SECONDS=4 OUT="$work/stress/timed" MEGAMOE="$work/stress/m
   bash "$repo/tools/gpu_check.sh" stress 5 >"$work/stress-timed.log" 2>&1 || { cat "$work/stress-timed.log"; fail "the timed stress step failed"; }
 grep -q '"runs": 1, "failures": 0' "$work/stress/timed/stress.json" ||
   { cat "$work/stress/timed/stress.json"; fail "a run was started that could not end within STRESS_SECONDS"; }
+# pack_trees + unpack: trees packed here (already built: --no-build) unpack where they were packed
+# from, without build logs, docs or results; a tree whose megamoe starts is kept as packed, and one
+# whose megamoe does not start is built again (here it has no CMakeLists.txt, so that build fails).
+mkdir -p "$work/pack/out" && cd "$work/pack"
+for tree in good broken; do
+  mkdir -p "out/$tree/build/tests" "out/$tree/src" "out/$tree/docs" "out/$tree/bench/results" "out/$tree/bench/layer"
+  echo "kernel" >"out/$tree/src/kernel.cu"
+  echo "log" >"out/$tree/docs/notes.md"
+  echo "{}" >"out/$tree/bench/results/old.json"
+  echo "bench source" >"out/$tree/bench/layer/bench.cpp"
+  echo "log" >"out/$tree/build.log"
+  printf '#!/usr/bin/env bash\nexit 0\n' >"out/$tree/build/megamoe"
+  printf '#!/usr/bin/env bash\nexit 0\n' >"out/$tree/build/tests/one_test"
+  echo "object" >"out/$tree/build/kernel.o"
+  chmod +x "out/$tree/build/megamoe" "out/$tree/build/tests/one_test"
+done
+printf '#!/usr/bin/env bash\necho "libwhatever.so: cannot open shared object file" >&2; exit 127\n' >out/broken/build/megamoe
+TARGETS=one_test bash "$repo/tools/pack_trees.sh" --no-build pack.tar.xz out/good out/broken >pack.log 2>&1 ||
+  { cat pack.log; fail "pack_trees failed"; }
+listing=$(tar tJf pack.tar.xz)
+for expected in out/good/build/megamoe out/good/build/tests/one_test out/good/src/kernel.cu out/good/bench/layer/bench.cpp \
+    out/broken/build/packed.targets; do
+  grep -qx "$expected" <<<"$listing" || fail "$expected not packed"
+done
+for unwanted in out/good/docs/notes.md out/good/bench/results/old.json out/good/build.log out/good/build/kernel.o; do
+  ! grep -qx "$unwanted" <<<"$listing" || fail "$unwanted packed"
+done
+if TARGETS=missing_test bash "$repo/tools/pack_trees.sh" --no-build bad.tar.xz out/good >bad.log 2>&1; then
+  fail "a target without an executable was packed"
+fi
+grep -q "no executable missing_test" bad.log || { cat bad.log; fail "the missing target was not named"; }
+mkdir -p "$work/device/out" && cd "$work/device"
+cp "$work/pack/pack.tar.xz" .
+if OUT="$work/device/log" bash "$repo/tools/gpu_check.sh" unpack pack.tar.xz >unpack.log 2>&1; then
+  cat unpack.log; fail "a tree that could not be built again passed unpack"
+fi
+grep -q "unpack: out/good runs as packed" unpack.log || { cat unpack.log; fail "the good tree not kept as packed"; }
+grep -q "unpack: out/broken/build/megamoe does not start here; building the tree here" unpack.log ||
+  { cat unpack.log; fail "the broken tree not named"; }
+grep -q "cannot open shared object file" unpack.log || { cat unpack.log; fail "why it does not start was not shown"; }
+grep -q "trees: out/broken failed to build" unpack.log || { cat unpack.log; fail "the broken tree was not built again"; }
+[ -x out/good/build/tests/one_test ] || fail "the good tree's test binary was not unpacked"
+cd "$repo"
 echo "gpu_check_steps_test: passed"
