@@ -462,7 +462,8 @@ step_stress() {
   [ "$failures" -eq 0 ] || status=1
 }
 
-# Builds every source tree at once into TREE/build, the cores shared; TREE/build.log has the output.
+# Unpacks tools/pack_trees.sh's trees where they were packed from; builds here (step_trees, with the
+# targets they were packed with) only those whose megamoe does not start on this machine.
 step_unpack() {
   local pack=$1 tree rebuild=()
   local -a trees
@@ -484,6 +485,7 @@ step_unpack() {
   TARGETS=$targets step_trees "${rebuild[@]}"
 }
 
+# Builds every source tree at once into TREE/build, the cores shared; TREE/build.log has the output.
 step_trees() {
   local jobs=$(( $(nproc) / $# )) tree
   [ $jobs -ge 1 ] || jobs=1
