@@ -13,14 +13,9 @@ decode kernels, 2% in the staged GEMM).
 import argparse
 import csv
 
+from ncu_waits import number  # ncu's numbers with thousands separators; 0 for none
+
 PREFIX = 'smsp__pcsamp_warps_issue_stalled_'
-
-
-def number(text):
-    try:
-        return float(text.replace(',', ''))
-    except ValueError:
-        return None
 
 
 def kernels(path):
