@@ -1,0 +1,381 @@
+// How busy a K loop's shape alone can keep the tensor pipe: each variant runs one CTA per SM whose
+// math warpgroups loop over K blocks of operands that stay in shared memory (no TMA, no stage barriers,
+// no epilogue), so what it measures is the wgmma groups, their waits and the promotion FFMAs between
+// them. It bounds the fp8 prefill mainloop by its structure (issue 30, docs/gemm.md): our tile's two
+// drained n128 halves per K block, the public kernel's one n192 group, and two partial sums per
+// warpgroup, against the same tile without the promotion and the plain (unscaled) loop.
+//   megamoe_mainloop_probe [--k-blocks N] [--rounds R] [--json FILE]
+// FFMA/cycle per SM is the tile's multiply-adds per K block over the CTA's cycles per K block (clock64,
+// the slowest warp of each CTA; median over CTAs). Hopper's dense FP8 rate is 4096 per cycle per SM.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <string>
+#include <vector>
+
+#include "kernels/ptx/wgmma.cuh"
+
+namespace {
+
+using megamoe::ptx::SmemDescSw128;
+using Mma128 = megamoe::ptx::WgmmaFp8<128>;
+using Mma64 = megamoe::ptx::WgmmaFp8<64>;
+
+enum class Loop {
+  plain,             // 128 x 256 tile, no promotion: each K block's eight wgmmas one group, one group in flight
+  halves,            // 128 x 256, ours: two n128 groups per K block, each waited for and promoted (64 FFMAs)
+  halves_unscaled,   // the same groups and waits without the FFMAs
+  single_n192,       // 128 x 192, one group per K block (n128 + n64 wgmmas), waited for, 96 FFMAs
+  two_partials,      // 64 x 256, warpgroup w on weight half w: K block kb's group issued before kb - 1's promotion
+  quarters,          // 128 x 256 in n64 groups, two 32-register partial sums: group q + 1 issued before q's promotion
+};
+
+constexpr const char* loop_name(Loop loop) {
+  switch (loop) {
+    case Loop::plain: return "plain";
+    case Loop::halves: return "halves";
+    case Loop::halves_unscaled: return "halves_unscaled";
+    case Loop::single_n192: return "single_n192";
+    case Loop::two_partials: return "two_partials";
+    case Loop::quarters: return "quarters";
+  }
+  return "?";
+}
+
+struct Shape {
+  uint32_t tokens, weight_rows;
+};
+constexpr Shape tile_shape(Loop loop) {
+  return loop == Loop::single_n192 ? Shape{128, 192} : loop == Loop::two_partials ? Shape{64, 256} : Shape{128, 256};
+}
+
+constexpr uint32_t kRowBytes = 128;             // one K block of E4M3 per row, 128-byte swizzle
+constexpr uint32_t kTokenBytes = 128 * kRowBytes;
+constexpr uint32_t kWeightBytes = 256 * kRowBytes;
+constexpr uint32_t kScaleSlots = 8;              // scales cycle through 8 K blocks: none can be hoisted
+constexpr uint32_t kSmemBytes = 1024 + kTokenBytes + kWeightBytes + kScaleSlots * 16 * 4 + kScaleSlots * 128 * 4;
+constexpr uint32_t kThreads = 256;               // two math warpgroups
+
+struct Smem {
+  uint32_t tokens, weights;        // shared-window addresses, 1024-aligned
+  const float4* weight_scales;     // [slot]: the K block's four 64-row weight-block scales
+  const float* act_scales;         // [slot][128 tokens]
+};
+
+__device__ __forceinline__ void issue_k_block(uint32_t tokens, uint32_t weights, float (&d)[64], bool accumulate) {
+#pragma unroll
+  for (uint32_t kk = 0; kk < 4; ++kk)
+    Mma128::mma(SmemDescSw128::at(tokens).plus(32 * kk).value(), SmemDescSw128::at(weights).plus(32 * kk).value(), d,
+                accumulate || kk > 0);
+}
+
+// acc += partial x (act_scale[row] x weight_scale[64-row block]), registers laid out as wgmma's
+// accumulator (register i: column 8 (i / 4) + ..., rows r and r + 8 for i % 4 < 2 and >= 2).
+template <uint32_t kRegs>
+__device__ __forceinline__ void promote(float* acc, float (&partial)[kRegs], const float (&act)[2], const float* blocks) {
+  megamoe::ptx::fence_registers(partial);
+#pragma unroll
+  for (uint32_t i = 0; i < kRegs; ++i) acc[i] += partial[i] * (act[(i % 4) / 2] * blocks[i / 32]);
+}
+
+__device__ __forceinline__ void scales_of(const Smem& smem, uint32_t kb, uint32_t token, float (&act)[2],
+                                          float (&blocks)[4]) {
+  const uint32_t slot = kb % kScaleSlots;
+  act[0] = smem.act_scales[slot * 128 + token];
+  act[1] = smem.act_scales[slot * 128 + token + 8];
+  const float4 b = smem.weight_scales[slot];
+  blocks[0] = b.x, blocks[1] = b.y, blocks[2] = b.z, blocks[3] = b.w;
+}
+
+template <Loop kLoop>
+__global__ void __launch_bounds__(kThreads, 1) probe_kernel(uint32_t k_blocks, unsigned long long* cycles, float* sink) {
+  extern __shared__ uint8_t raw[];
+  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
+  // Operands: E4M3 bytes without the NaN codes, the same every K block (their values do not matter here).
+  for (uint32_t i = threadIdx.x; i < (kTokenBytes + kWeightBytes) / 4; i += blockDim.x)
+    reinterpret_cast<uint32_t*>(base)[i] = (i * 2654435761u) & 0x77777777u;
+  float* scale_area = reinterpret_cast<float*>(base + kTokenBytes + kWeightBytes);
+  for (uint32_t i = threadIdx.x; i < kScaleSlots * (16 + 128); i += blockDim.x) scale_area[i] = 1.0f + 1e-3f * (i % 7);
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // generic writes, read by wgmma
+  __syncthreads();
+
+  const Smem smem{static_cast<uint32_t>(__cvta_generic_to_shared(base)),
+                  static_cast<uint32_t>(__cvta_generic_to_shared(base + kTokenBytes)),
+                  reinterpret_cast<const float4*>(scale_area), scale_area + kScaleSlots * 16};
+  const uint32_t warpgroup = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+  const uint32_t token = 16 * warp + lane / 4;  // this thread's first accumulator row within its m64 block
+  constexpr uint32_t kHalfBytes = 128 * kRowBytes;
+  float act[2], blocks[4];
+  float checksum = 0.0f;
+
+  const unsigned long long start = clock64();
+  if constexpr (kLoop == Loop::plain) {
+    float acc[2][64] = {};
+    const uint32_t tokens = smem.tokens + 64 * warpgroup * kRowBytes;
+    for (uint32_t kb = 0; kb < k_blocks; ++kb) {
+      megamoe::ptx::fence_registers(acc[0]);
+      megamoe::ptx::fence_registers(acc[1]);
+      megamoe::ptx::wgmma_fence();
+      issue_k_block(tokens, smem.weights, acc[0], kb > 0);
+      issue_k_block(tokens, smem.weights + kHalfBytes, acc[1], kb > 0);
+      megamoe::ptx::wgmma_commit();
+      megamoe::ptx::wgmma_wait<1>();
+    }
+    megamoe::ptx::wgmma_wait<0>();
+    megamoe::ptx::fence_registers(acc[0]);
+    megamoe::ptx::fence_registers(acc[1]);
+    for (uint32_t i = 0; i < 64; ++i) checksum += acc[0][i] + acc[1][i];
+  } else if constexpr (kLoop == Loop::halves || kLoop == Loop::halves_unscaled) {
+    // Warpgroup 1 starts once warpgroup 0's first half has completed, as the kernels' stagger does.
+    float acc[2][64] = {};
+    float partial[64];
+    const uint32_t tokens = smem.tokens + 64 * warpgroup * kRowBytes;
+    if (warpgroup == 1) asm volatile("bar.sync 1, 256;" ::: "memory");
+    for (uint32_t kb = 0; kb < k_blocks; ++kb) {
+      scales_of(smem, kb, 64 * warpgroup + token, act, blocks);
+#pragma unroll
+      for (uint32_t h = 0; h < 2; ++h) {
+        megamoe::ptx::fence_registers(partial);
+        megamoe::ptx::wgmma_fence();
+        issue_k_block(tokens, smem.weights + h * kHalfBytes, partial, false);
+        megamoe::ptx::wgmma_commit();
+        megamoe::ptx::wgmma_wait<0>();
+        if (warpgroup == 0 && kb == 0 && h == 0) asm volatile("bar.arrive 1, 256;" ::: "memory");
+        if constexpr (kLoop == Loop::halves)
+          promote(acc[h], partial, act, blocks + 2 * h);
+        else
+          checksum += partial[0];  // one read keeps ptxas from dropping the group (its result is otherwise dead)
+      }
+    }
+    for (uint32_t i = 0; i < 64; ++i) checksum += acc[0][i] + acc[1][i] + partial[i];
+  } else if constexpr (kLoop == Loop::single_n192) {
+    // DeepGEMM's structure: both warpgroups in step, one group per K block, one wait, 96 FFMAs.
+    float acc[96] = {};
+    float partial[64], partial_tail[32];
+    const uint32_t tokens = smem.tokens + 64 * warpgroup * kRowBytes;
+    for (uint32_t kb = 0; kb < k_blocks; ++kb) {
+      scales_of(smem, kb, 64 * warpgroup + token, act, blocks);
+      megamoe::ptx::fence_registers(partial);
+      megamoe::ptx::fence_registers(partial_tail);
+      megamoe::ptx::wgmma_fence();
+      issue_k_block(tokens, smem.weights, partial, false);
+#pragma unroll
+      for (uint32_t kk = 0; kk < 4; ++kk)
+        Mma64::mma(SmemDescSw128::at(tokens).plus(32 * kk).value(),
+                   SmemDescSw128::at(smem.weights + kHalfBytes).plus(32 * kk).value(), partial_tail, kk > 0);
+      megamoe::ptx::wgmma_commit();
+      megamoe::ptx::wgmma_wait<0>();
+      promote(acc, partial, act, blocks);
+      promote(acc + 64, partial_tail, act, blocks + 2);
+    }
+    for (uint32_t i = 0; i < 96; ++i) checksum += acc[i];
+  } else if constexpr (kLoop == Loop::quarters) {
+    // The same registers as `halves` (128 results, 64 partial), as two partial sums of n64 groups: each
+    // quarter's promotion runs beside the next quarter's wgmmas; the last one's is exposed.
+    float acc[4][32] = {};
+    float partial[2][32];
+    const uint32_t tokens = smem.tokens + 64 * warpgroup * kRowBytes;
+    const auto issue = [&](float (&into)[32], uint32_t quarter) {
+      megamoe::ptx::fence_registers(into);
+      megamoe::ptx::wgmma_fence();
+#pragma unroll
+      for (uint32_t kk = 0; kk < 4; ++kk)
+        Mma64::mma(SmemDescSw128::at(tokens).plus(32 * kk).value(),
+                   SmemDescSw128::at(smem.weights + quarter * 64 * kRowBytes).plus(32 * kk).value(), into, kk > 0);
+      megamoe::ptx::wgmma_commit();
+    };
+    if (warpgroup == 1) asm volatile("bar.sync 1, 256;" ::: "memory");
+    for (uint32_t kb = 0; kb < k_blocks; ++kb) {
+      scales_of(smem, kb, 64 * warpgroup + token, act, blocks);
+      issue(partial[0], 0);
+      megamoe::ptx::wgmma_wait<0>();
+      if (warpgroup == 0 && kb == 0) asm volatile("bar.arrive 1, 256;" ::: "memory");
+#pragma unroll
+      for (uint32_t q = 1; q < 4; ++q) {
+        issue(partial[q % 2], q);
+        promote(acc[q - 1], partial[(q - 1) % 2], act, blocks + q - 1);
+        megamoe::ptx::wgmma_wait<0>();
+      }
+      promote(acc[3], partial[1], act, blocks + 3);
+    }
+    for (uint32_t i = 0; i < 32; ++i) checksum += acc[0][i] + acc[1][i] + acc[2][i] + acc[3][i];
+  } else {
+    // Two partial sums: K block kb's group is issued before K block kb - 1's, in the other partial sum,
+    // is promoted, so the FFMAs run beside the warpgroup's own wgmmas and a drain is followed at once by
+    // the next issue. Each group is waited for before the next pass: ptxas serializes every wgmma
+    // (C7514) when a loop's back edge carries a group in flight past reads of another's registers.
+    float acc[64] = {};
+    float partial[2][64];
+    const uint32_t weights = smem.weights + warpgroup * kHalfBytes;
+    const auto issue = [&](float (&into)[64]) {
+      megamoe::ptx::fence_registers(into);
+      megamoe::ptx::wgmma_fence();
+      issue_k_block(smem.tokens, weights, into, false);
+      megamoe::ptx::wgmma_commit();
+    };
+    issue(partial[1]);  // stands for K block -1 (k_blocks is even)
+    megamoe::ptx::wgmma_wait<0>();
+    for (uint32_t kb = 0; kb < k_blocks; kb += 2) {
+      issue(partial[0]);
+      scales_of(smem, kb + k_blocks - 1, token, act, blocks);
+      promote(acc, partial[1], act, blocks + 2 * warpgroup);
+      megamoe::ptx::wgmma_wait<0>();
+      issue(partial[1]);
+      scales_of(smem, kb, token, act, blocks);
+      promote(acc, partial[0], act, blocks + 2 * warpgroup);
+      megamoe::ptx::wgmma_wait<0>();
+    }
+    megamoe::ptx::wgmma_wait<0>();
+    for (uint32_t i = 0; i < 64; ++i) checksum += acc[i];
+  }
+  const unsigned long long elapsed = clock64() - start;
+
+  // The CTA's time is its slowest warp's (lane 0 of each records; the host takes the largest).
+  if (lane == 0) cycles[blockIdx.x * (kThreads / 32) + threadIdx.x / 32] = elapsed;
+  if (checksum == 1.2345f) sink[blockIdx.x] = checksum;  // keeps the loops from being dropped
+}
+
+struct Result {
+  double median_cycles_per_k_block, ffma_per_cycle, kernel_us, sm_ghz;
+};
+
+#define PROBE_CHECK(call)                                                                        \
+  do {                                                                                           \
+    const cudaError_t status_ = (call);                                                          \
+    if (status_ != cudaSuccess) {                                                                \
+      std::fprintf(stderr, "mainloop_probe: %s: %s\n", #call, cudaGetErrorString(status_));      \
+      std::exit(2);                                                                              \
+    }                                                                                            \
+  } while (0)
+
+template <Loop kLoop>
+Result run(uint32_t k_blocks, int sms, unsigned long long* cycles, float* sink) {
+  PROBE_CHECK(cudaFuncSetAttribute(probe_kernel<kLoop>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  cudaEvent_t begin, end;
+  PROBE_CHECK(cudaEventCreate(&begin));
+  PROBE_CHECK(cudaEventCreate(&end));
+  probe_kernel<kLoop><<<sms, kThreads, kSmemBytes>>>(k_blocks, cycles, sink);  // warm-up
+  PROBE_CHECK(cudaEventRecord(begin));
+  probe_kernel<kLoop><<<sms, kThreads, kSmemBytes>>>(k_blocks, cycles, sink);
+  PROBE_CHECK(cudaEventRecord(end));
+  PROBE_CHECK(cudaEventSynchronize(end));
+  PROBE_CHECK(cudaGetLastError());
+  float ms = 0.0f;
+  PROBE_CHECK(cudaEventElapsedTime(&ms, begin, end));
+  std::vector<unsigned long long> warp_cycles(static_cast<size_t>(sms) * (kThreads / 32));
+  PROBE_CHECK(cudaMemcpy(warp_cycles.data(), cycles, warp_cycles.size() * sizeof(unsigned long long),
+                         cudaMemcpyDeviceToHost));
+  std::vector<double> cta_cycles(sms);
+  for (int cta = 0; cta < sms; ++cta)
+    cta_cycles[cta] = static_cast<double>(
+        *std::max_element(warp_cycles.begin() + cta * (kThreads / 32), warp_cycles.begin() + (cta + 1) * (kThreads / 32)));
+  std::sort(cta_cycles.begin(), cta_cycles.end());
+  const double median = cta_cycles[sms / 2];
+  const Shape shape = tile_shape(kLoop);
+  const double ffma_per_k_block = static_cast<double>(shape.tokens) * shape.weight_rows * 128;
+  PROBE_CHECK(cudaEventDestroy(begin));
+  PROBE_CHECK(cudaEventDestroy(end));
+  return {median / k_blocks, ffma_per_k_block * k_blocks / median, ms * 1e3, median / (ms * 1e6)};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint32_t k_blocks = 4096;
+  int rounds = 3;
+  std::string json_path;
+  for (int i = 1; i < argc; ++i) {
+    const bool has_value = i + 1 < argc;
+    if (!std::strcmp(argv[i], "--k-blocks") && has_value) {
+      k_blocks = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
+    } else if (!std::strcmp(argv[i], "--rounds") && has_value) {
+      rounds = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--json") && has_value) {
+      json_path = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: megamoe_mainloop_probe [--k-blocks N] [--rounds R] [--json FILE]\n");
+      return 2;
+    }
+  }
+  if (k_blocks < 2 || k_blocks % 2 != 0 || k_blocks > (1u << 24)) {
+    std::fprintf(stderr, "mainloop_probe: --k-blocks must be even and in [2, 2^24], got %u\n", k_blocks);
+    return 2;
+  }
+  if (rounds < 1 || rounds > 100) {
+    std::fprintf(stderr, "mainloop_probe: --rounds must be in [1, 100], got %d\n", rounds);
+    return 2;
+  }
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess || sms <= 0) {
+    std::fprintf(stderr, "mainloop_probe: no CUDA device\n");
+    return 2;
+  }
+  cudaDeviceProp properties{};
+  PROBE_CHECK(cudaGetDeviceProperties(&properties, 0));
+  unsigned long long* cycles = nullptr;
+  float* sink = nullptr;
+  PROBE_CHECK(cudaMalloc(&cycles, static_cast<size_t>(sms) * (kThreads / 32) * sizeof(unsigned long long)));
+  PROBE_CHECK(cudaMalloc(&sink, sms * sizeof(float)));
+
+  constexpr Loop kLoops[] = {Loop::plain,       Loop::halves,       Loop::halves_unscaled,
+                             Loop::single_n192, Loop::two_partials, Loop::quarters};
+  std::vector<std::string> rows;
+  std::printf("%-16s %5s %12s %16s %10s %10s %8s\n", "loop", "round", "tile", "cycles/K block", "FFMA/cyc", "of plain",
+              "SM GHz");
+  for (int round = 0; round < rounds; ++round) {
+    // The loops take turns within a round, so that the board's clock and power state fall on all alike.
+    double plain_rate = 0.0;
+    for (const Loop loop : kLoops) {
+      Result result{};
+      switch (loop) {
+        case Loop::plain: result = run<Loop::plain>(k_blocks, sms, cycles, sink); break;
+        case Loop::halves: result = run<Loop::halves>(k_blocks, sms, cycles, sink); break;
+        case Loop::halves_unscaled: result = run<Loop::halves_unscaled>(k_blocks, sms, cycles, sink); break;
+        case Loop::single_n192: result = run<Loop::single_n192>(k_blocks, sms, cycles, sink); break;
+        case Loop::two_partials: result = run<Loop::two_partials>(k_blocks, sms, cycles, sink); break;
+        case Loop::quarters: result = run<Loop::quarters>(k_blocks, sms, cycles, sink); break;
+      }
+      if (loop == Loop::plain) plain_rate = result.ffma_per_cycle;
+      const Shape shape = tile_shape(loop);
+      const double of_plain = result.ffma_per_cycle / plain_rate;
+      std::printf("%-16s %5d %5ux%-6u %16.1f %10.1f %10.3f %8.2f\n", loop_name(loop), round, shape.tokens,
+                  shape.weight_rows, result.median_cycles_per_k_block, result.ffma_per_cycle, of_plain, result.sm_ghz);
+      char row[512];
+      std::snprintf(row, sizeof row,
+                    "{\"loop\": \"%s\", \"round\": %d, \"tile_tokens\": %u, \"tile_weight_rows\": %u, "
+                    "\"k_blocks\": %u, \"cycles_per_k_block\": %.1f, \"ffma_per_cycle_per_sm\": %.1f, "
+                    "\"vs_plain_loop\": %.4f, \"vs_fp8_dense_peak\": %.4f, \"us\": %.1f, \"sm_ghz\": %.3f}",
+                    loop_name(loop), round, shape.tokens, shape.weight_rows, k_blocks,
+                    result.median_cycles_per_k_block, result.ffma_per_cycle, of_plain, result.ffma_per_cycle / 4096.0,
+                    result.kernel_us, result.sm_ghz);
+      rows.emplace_back(row);
+    }
+  }
+  if (!json_path.empty()) {
+    FILE* file = std::fopen(json_path.c_str(), "w");
+    if (file == nullptr) {
+      std::fprintf(stderr, "mainloop_probe: cannot write %s\n", json_path.c_str());
+      return 2;
+    }
+    const char* commit = std::getenv("MEGAMOE_COMMIT");
+    char date[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    std::fprintf(file,
+                 "{\n  \"benchmark\": \"mainloop_probe\",\n  \"commit\": \"%s\",\n  \"device\": \"%s x 1\",\n"
+                 "  \"command\": \"megamoe_mainloop_probe --k-blocks %u --rounds %d\",\n  \"date\": \"%s\",\n"
+                 "  \"rows\": [\n",
+                 commit ? commit : "unknown", properties.name, k_blocks, rounds, date);
+    for (size_t i = 0; i < rows.size(); ++i) std::fprintf(file, "    %s%s\n", rows[i].c_str(), i + 1 < rows.size() ? "," : "");
+    std::fprintf(file, "  ]\n}\n");
+    std::fclose(file);
+  }
+  PROBE_CHECK(cudaFree(cycles));
+  PROBE_CHECK(cudaFree(sink));
+  return 0;
+}
