@@ -31,6 +31,7 @@ enum class Loop {
   halves,            // 128 x 256, ours: two n128 groups per K block, each waited for and promoted (64 FFMAs)
   halves_unscaled,   // the same groups and waits without the FFMAs
   single_n192,       // 128 x 192, one group per K block (n128 + n64 wgmmas), waited for, 96 FFMAs
+  single_n192_staggered,  // the same, warpgroup 1 starting once warpgroup 0's first group has completed
   two_partials,      // 64 x 256, warpgroup w on weight half w: K block kb's group issued before kb - 1's promotion
   quarters,          // 128 x 256 in n64 groups, two 32-register partial sums: group q + 1 issued before q's promotion
 };
@@ -41,6 +42,7 @@ constexpr const char* loop_name(Loop loop) {
     case Loop::halves: return "halves";
     case Loop::halves_unscaled: return "halves_unscaled";
     case Loop::single_n192: return "single_n192";
+    case Loop::single_n192_staggered: return "single_n192_staggered";
     case Loop::two_partials: return "two_partials";
     case Loop::quarters: return "quarters";
   }
@@ -51,7 +53,7 @@ struct Shape {
   uint32_t tokens, weight_rows;
 };
 constexpr Shape tile_shape(Loop loop) {
-  return loop == Loop::single_n192 ? Shape{128, 192} : loop == Loop::two_partials ? Shape{64, 256} : Shape{128, 256};
+  return loop == Loop::single_n192 || loop == Loop::single_n192_staggered ? Shape{128, 192} : loop == Loop::two_partials ? Shape{64, 256} : Shape{128, 256};
 }
 
 constexpr uint32_t kRowBytes = 128;             // one K block of E4M3 per row, 128-byte swizzle
@@ -153,11 +155,14 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(uint32_t k_blocks, u
       }
     }
     for (uint32_t i = 0; i < 64; ++i) checksum += acc[0][i] + acc[1][i] + partial[i];
-  } else if constexpr (kLoop == Loop::single_n192) {
-    // DeepGEMM's structure: both warpgroups in step, one group per K block, one wait, 96 FFMAs.
+  } else if constexpr (kLoop == Loop::single_n192 || kLoop == Loop::single_n192_staggered) {
+    // DeepGEMM's structure: one group per K block, one wait, 96 FFMAs; its warpgroups consume each
+    // stage together, which leaves them in step only as far as the stages' arrivals hold them.
+    constexpr bool kStaggered = kLoop == Loop::single_n192_staggered;
     float acc[96] = {};
     float partial[64], partial_tail[32];
     const uint32_t tokens = smem.tokens + 64 * warpgroup * kRowBytes;
+    if (kStaggered && warpgroup == 1) asm volatile("bar.sync 1, 256;" ::: "memory");
     for (uint32_t kb = 0; kb < k_blocks; ++kb) {
       scales_of(smem, kb, 64 * warpgroup + token, act, blocks);
       megamoe::ptx::fence_registers(partial);
@@ -170,6 +175,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(uint32_t k_blocks, u
                    SmemDescSw128::at(smem.weights + kHalfBytes).plus(32 * kk).value(), partial_tail, kk > 0);
       megamoe::ptx::wgmma_commit();
       megamoe::ptx::wgmma_wait<0>();
+      if (kStaggered && warpgroup == 0 && kb == 0) asm volatile("bar.arrive 1, 256;" ::: "memory");
       promote(acc, partial, act, blocks);
       promote(acc + 64, partial_tail, act, blocks + 2);
     }
@@ -323,7 +329,7 @@ int main(int argc, char** argv) {
   PROBE_CHECK(cudaMalloc(&sink, sms * sizeof(float)));
 
   constexpr Loop kLoops[] = {Loop::plain,       Loop::halves,       Loop::halves_unscaled,
-                             Loop::single_n192, Loop::two_partials, Loop::quarters};
+                             Loop::single_n192, Loop::single_n192_staggered, Loop::two_partials, Loop::quarters};
   std::vector<std::string> rows;
   std::printf("%-16s %5s %12s %16s %10s %10s %8s\n", "loop", "round", "tile", "cycles/K block", "FFMA/cyc", "of plain",
               "SM GHz");
@@ -337,6 +343,9 @@ int main(int argc, char** argv) {
         case Loop::halves: result = run<Loop::halves>(k_blocks, sms, cycles, sink); break;
         case Loop::halves_unscaled: result = run<Loop::halves_unscaled>(k_blocks, sms, cycles, sink); break;
         case Loop::single_n192: result = run<Loop::single_n192>(k_blocks, sms, cycles, sink); break;
+        case Loop::single_n192_staggered:
+          result = run<Loop::single_n192_staggered>(k_blocks, sms, cycles, sink);
+          break;
         case Loop::two_partials: result = run<Loop::two_partials>(k_blocks, sms, cycles, sink); break;
         case Loop::quarters: result = run<Loop::quarters>(k_blocks, sms, cycles, sink); break;
       }
