@@ -31,6 +31,7 @@ enum class Loop {
   halves,            // 128 x 256, ours: two n128 groups per K block, each waited for and promoted (64 FFMAs)
   halves_unscaled,   // the same groups and waits without the FFMAs
   halves_32_ffmas,   // the same with half the FFMAs (a diagnostic: only half of each partial sum promoted)
+  halves_in_step,    // halves with both warpgroups starting together (no stagger)
   single_n192,       // 128 x 192, one n192 group per K block, waited for, 96 FFMAs
   single_n192_staggered,  // the same, warpgroup 1 starting once warpgroup 0's first group has completed
   two_partials,      // 64 x 256, warpgroup w on weight half w: K block kb's group issued before kb - 1's promotion
@@ -43,6 +44,7 @@ constexpr const char* loop_name(Loop loop) {
     case Loop::halves: return "halves";
     case Loop::halves_unscaled: return "halves_unscaled";
     case Loop::halves_32_ffmas: return "halves_32_ffmas";
+    case Loop::halves_in_step: return "halves_in_step";
     case Loop::single_n192: return "single_n192";
     case Loop::single_n192_staggered: return "single_n192_staggered";
     case Loop::two_partials: return "two_partials";
@@ -162,12 +164,14 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(uint32_t k_blocks, u
     megamoe::ptx::fence_registers(acc[0]);
     megamoe::ptx::fence_registers(acc[1]);
     for (uint32_t i = 0; i < 64; ++i) checksum += acc[0][i] + acc[1][i];
-  } else if constexpr (kLoop == Loop::halves || kLoop == Loop::halves_unscaled || kLoop == Loop::halves_32_ffmas) {
+  } else if constexpr (kLoop == Loop::halves || kLoop == Loop::halves_unscaled || kLoop == Loop::halves_32_ffmas ||
+                       kLoop == Loop::halves_in_step) {
     // Warpgroup 1 starts once warpgroup 0's first half has completed, as the kernels' stagger does.
     float acc[2][64] = {};
     float partial[64];
     const uint32_t tokens = smem.tokens + 64 * warpgroup * kRowBytes;
-    if (warpgroup == 1) asm volatile("bar.sync 1, 256;" ::: "memory");
+    constexpr bool kStaggered = kLoop != Loop::halves_in_step;
+    if (kStaggered && warpgroup == 1) asm volatile("bar.sync 1, 256;" ::: "memory");
     for (uint32_t kb = 0; kb < k_blocks; ++kb) {
       scales_of(smem, kb, 64 * warpgroup + token, act, blocks);
 #pragma unroll
@@ -177,8 +181,8 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(uint32_t k_blocks, u
         issue_k_block(tokens, smem.weights + h * kHalfBytes, partial, false);
         megamoe::ptx::wgmma_commit();
         megamoe::ptx::wgmma_wait<0>();
-        if (warpgroup == 0 && kb == 0 && h == 0) asm volatile("bar.arrive 1, 256;" ::: "memory");
-        if constexpr (kLoop == Loop::halves)
+        if (kStaggered && warpgroup == 0 && kb == 0 && h == 0) asm volatile("bar.arrive 1, 256;" ::: "memory");
+        if constexpr (kLoop == Loop::halves || kLoop == Loop::halves_in_step)
           promote(acc[h], partial, act, blocks + 2 * h);
         else if constexpr (kLoop == Loop::halves_32_ffmas)
           promote(acc[h], reinterpret_cast<float(&)[32]>(partial), act, blocks + 2 * h);
@@ -357,7 +361,7 @@ int main(int argc, char** argv) {
   PROBE_CHECK(cudaMalloc(&cycles, static_cast<size_t>(sms) * (kThreads / 32) * sizeof(unsigned long long)));
   PROBE_CHECK(cudaMalloc(&sink, sms * sizeof(float)));
 
-  constexpr Loop kLoops[] = {Loop::plain,       Loop::halves,       Loop::halves_unscaled, Loop::halves_32_ffmas,
+  constexpr Loop kLoops[] = {Loop::plain,       Loop::halves,       Loop::halves_unscaled, Loop::halves_32_ffmas, Loop::halves_in_step,
                              Loop::single_n192, Loop::single_n192_staggered, Loop::two_partials, Loop::quarters};
   std::vector<std::string> rows;
   std::printf("%-16s %5s %12s %16s %10s %10s %8s\n", "loop", "round", "tile", "cycles/K block", "FFMA/cyc", "of plain",
@@ -372,6 +376,7 @@ int main(int argc, char** argv) {
         case Loop::halves: result = run<Loop::halves>(k_blocks, sms, cycles, sink); break;
         case Loop::halves_unscaled: result = run<Loop::halves_unscaled>(k_blocks, sms, cycles, sink); break;
         case Loop::halves_32_ffmas: result = run<Loop::halves_32_ffmas>(k_blocks, sms, cycles, sink); break;
+        case Loop::halves_in_step: result = run<Loop::halves_in_step>(k_blocks, sms, cycles, sink); break;
         case Loop::single_n192: result = run<Loop::single_n192>(k_blocks, sms, cycles, sink); break;
         case Loop::single_n192_staggered:
           result = run<Loop::single_n192_staggered>(k_blocks, sms, cycles, sink);
