@@ -5,8 +5,10 @@
 // drained n128 halves per K block, the public kernel's one n192 group, and two partial sums per
 // warpgroup, against the same tile without the promotion and the plain (unscaled) loop.
 //   megamoe_mainloop_probe [--k-blocks N] [--rounds R] [--json FILE]
-// FFMA/cycle per SM is the tile's multiply-adds per K block over the CTA's cycles per K block (clock64,
-// the slowest warp of each CTA; median over CTAs). Hopper's dense FP8 rate is 4096 per cycle per SM.
+// A CTA's cycles are its slowest warp's (clock64). Each loop's rate, in multiply-adds per cycle and
+// SM, is given against the plain loop's in the same round three ways: for the median CTA, for the
+// slowest CTA, and per unit of time (which also feels the clock the board ran at). Hopper's dense
+// FP8 rate is 4096 per cycle per SM.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -279,8 +281,11 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(uint32_t k_blocks, u
   if (checksum == 1.2345f) sink[blockIdx.x] = checksum;  // keeps the loops from being dropped
 }
 
+// Per K block: the median CTA's cycles and the slowest CTA's (which ends the kernel). A loop whose
+// CTAs settle into different phases shows a median far from the slowest; the SM clock is the
+// slowest CTA's cycles over the kernel's time.
 struct Result {
-  double median_cycles_per_k_block, ffma_per_cycle, kernel_us, sm_ghz;
+  double median_cycles_per_k_block, slowest_cycles_per_k_block, ffma_per_k_block, kernel_us, sm_ghz;
 };
 
 #define PROBE_CHECK(call)                                                                        \
@@ -314,12 +319,12 @@ Result run(uint32_t k_blocks, int sms, unsigned long long* cycles, float* sink) 
     cta_cycles[cta] = static_cast<double>(
         *std::max_element(warp_cycles.begin() + cta * (kThreads / 32), warp_cycles.begin() + (cta + 1) * (kThreads / 32)));
   std::sort(cta_cycles.begin(), cta_cycles.end());
-  const double median = cta_cycles[sms / 2];
+  const double median = cta_cycles[sms / 2], slowest = cta_cycles.back();
   const Shape shape = tile_shape(kLoop);
-  const double ffma_per_k_block = static_cast<double>(shape.tokens) * shape.weight_rows * 128;
   PROBE_CHECK(cudaEventDestroy(begin));
   PROBE_CHECK(cudaEventDestroy(end));
-  return {median / k_blocks, ffma_per_k_block * k_blocks / median, ms * 1e3, median / (ms * 1e6)};
+  return {median / k_blocks, slowest / k_blocks, static_cast<double>(shape.tokens) * shape.weight_rows * 128,
+          ms * 1e3, slowest / (ms * 1e6)};
 }
 
 }  // namespace
@@ -364,11 +369,12 @@ int main(int argc, char** argv) {
   constexpr Loop kLoops[] = {Loop::plain,       Loop::halves,       Loop::halves_unscaled, Loop::halves_32_ffmas, Loop::halves_in_step,
                              Loop::single_n192, Loop::single_n192_staggered, Loop::two_partials, Loop::quarters};
   std::vector<std::string> rows;
-  std::printf("%-16s %5s %12s %16s %10s %10s %8s\n", "loop", "round", "tile", "cycles/K block", "FFMA/cyc", "of plain",
-              "SM GHz");
+  // Of the plain loop: per cycle of the median CTA, per cycle of the slowest, and per unit of time.
+  std::printf("%-22s %5s %8s %14s %14s %8s %8s %8s %7s\n", "loop", "round", "tile", "median cyc/K", "slowest cyc/K",
+              "median", "slowest", "time", "SM GHz");
   for (int round = 0; round < rounds; ++round) {
     // The loops take turns within a round, so that the board's clock and power state fall on all alike.
-    double plain_rate = 0.0;
+    double plain_median = 0.0, plain_slowest = 0.0, plain_time = 0.0;  // multiply-adds per cycle or µs
     for (const Loop loop : kLoops) {
       Result result{};
       switch (loop) {
@@ -384,19 +390,24 @@ int main(int argc, char** argv) {
         case Loop::two_partials: result = run<Loop::two_partials>(k_blocks, sms, cycles, sink); break;
         case Loop::quarters: result = run<Loop::quarters>(k_blocks, sms, cycles, sink); break;
       }
-      if (loop == Loop::plain) plain_rate = result.ffma_per_cycle;
+      const double median_rate = result.ffma_per_k_block / result.median_cycles_per_k_block;
+      const double slowest_rate = result.ffma_per_k_block / result.slowest_cycles_per_k_block;
+      const double time_rate = result.ffma_per_k_block * k_blocks / result.kernel_us;
+      if (loop == Loop::plain) plain_median = median_rate, plain_slowest = slowest_rate, plain_time = time_rate;
       const Shape shape = tile_shape(loop);
-      const double of_plain = result.ffma_per_cycle / plain_rate;
-      std::printf("%-16s %5d %5ux%-6u %16.1f %10.1f %10.3f %8.2f\n", loop_name(loop), round, shape.tokens,
-                  shape.weight_rows, result.median_cycles_per_k_block, result.ffma_per_cycle, of_plain, result.sm_ghz);
-      char row[512];
+      std::printf("%-22s %5d %3ux%-4u %14.1f %14.1f %8.3f %8.3f %8.3f %7.2f\n", loop_name(loop), round, shape.tokens,
+                  shape.weight_rows, result.median_cycles_per_k_block, result.slowest_cycles_per_k_block,
+                  median_rate / plain_median, slowest_rate / plain_slowest, time_rate / plain_time, result.sm_ghz);
+      char row[768];
       std::snprintf(row, sizeof row,
                     "{\"loop\": \"%s\", \"round\": %d, \"tile_tokens\": %u, \"tile_weight_rows\": %u, "
-                    "\"k_blocks\": %u, \"cycles_per_k_block\": %.1f, \"ffma_per_cycle_per_sm\": %.1f, "
-                    "\"vs_plain_loop\": %.4f, \"vs_fp8_dense_peak\": %.4f, \"us\": %.1f, \"sm_ghz\": %.3f}",
+                    "\"k_blocks\": %u, \"cycles_per_k_block\": %.1f, \"slowest_cycles_per_k_block\": %.1f, "
+                    "\"ffma_per_cycle_per_sm\": %.1f, \"vs_plain_loop\": %.4f, \"slowest_vs_plain_loop\": %.4f, "
+                    "\"time_vs_plain_loop\": %.4f, \"vs_fp8_dense_peak\": %.4f, \"us\": %.1f, \"sm_ghz\": %.3f}",
                     loop_name(loop), round, shape.tokens, shape.weight_rows, k_blocks,
-                    result.median_cycles_per_k_block, result.ffma_per_cycle, of_plain, result.ffma_per_cycle / 4096.0,
-                    result.kernel_us, result.sm_ghz);
+                    result.median_cycles_per_k_block, result.slowest_cycles_per_k_block, median_rate,
+                    median_rate / plain_median, slowest_rate / plain_slowest, time_rate / plain_time,
+                    median_rate / 4096.0, result.kernel_us, result.sm_ghz);
       rows.emplace_back(row);
     }
   }
