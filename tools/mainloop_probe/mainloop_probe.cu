@@ -27,6 +27,7 @@ namespace {
 using megamoe::ptx::SmemDescSw128;
 using Mma128 = megamoe::ptx::WgmmaFp8<128>;
 using Mma64 = megamoe::ptx::WgmmaFp8<64>;
+using Mma192 = megamoe::ptx::WgmmaFp8<192>;
 
 enum class Loop {
   plain,             // 128 x 256 tile, no promotion: each K block's eight wgmmas one group, one group in flight
@@ -74,34 +75,6 @@ struct Smem {
   const float4* weight_scales;     // [slot]: the K block's four 64-row weight-block scales
   const float* act_scales;         // [slot][128 tokens]
 };
-
-// m64n192k32 E4M3 with both operands in shared memory: the library's kernels use no n192 wgmma (their
-// tiles are 256 weight rows), so this one lives here, for the public kernel's loop.
-__device__ __forceinline__ void wgmma_n192(uint64_t desc_a, uint64_t desc_b, float (&d)[96], bool accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
-      "}, %96, %97, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
-      : "l"(desc_a), "l"(desc_b), "r"(static_cast<uint32_t>(accumulate)));
-}
 
 __device__ __forceinline__ void issue_k_block(uint32_t tokens, uint32_t weights, float (&d)[64], bool accumulate) {
 #pragma unroll
@@ -207,8 +180,8 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(uint32_t k_blocks, u
       megamoe::ptx::wgmma_fence();
 #pragma unroll
       for (uint32_t kk = 0; kk < 4; ++kk)
-        wgmma_n192(SmemDescSw128::at(tokens).plus(32 * kk).value(),
-                   SmemDescSw128::at(smem.weights).plus(32 * kk).value(), partial, kk > 0);
+        Mma192::mma(SmemDescSw128::at(tokens).plus(32 * kk).value(),
+                    SmemDescSw128::at(smem.weights).plus(32 * kk).value(), partial, kk > 0);
       megamoe::ptx::wgmma_commit();
       megamoe::ptx::wgmma_wait<0>();
       if (kStaggered && warpgroup == 0 && kb == 0) asm volatile("bar.arrive 1, 256;" ::: "memory");
