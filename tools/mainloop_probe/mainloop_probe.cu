@@ -9,6 +9,7 @@
 // SM, is given against the plain loop's in the same round three ways: for the median CTA, for the
 // slowest CTA, and per unit of time (which also feels the clock the board ran at). Hopper's dense
 // FP8 rate is 4096 per cycle per SM.
+#include <cuda/ptx>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -18,8 +19,10 @@
 #include <cstring>
 #include <ctime>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "kernels/gemm/pipeline.cuh"
 #include "kernels/ptx/wgmma.cuh"
 
 namespace {
@@ -60,7 +63,8 @@ struct Shape {
   uint32_t tokens, weight_rows;
 };
 constexpr Shape tile_shape(Loop loop) {
-  return loop == Loop::single_n192 || loop == Loop::single_n192_staggered ? Shape{128, 192} : loop == Loop::two_partials ? Shape{64, 256} : Shape{128, 256};
+  if (loop == Loop::single_n192 || loop == Loop::single_n192_staggered) return {128, 192};
+  return loop == Loop::two_partials ? Shape{64, 256} : Shape{128, 256};
 }
 
 constexpr uint32_t kRowBytes = 128;             // one K block of E4M3 per row, 128-byte swizzle
@@ -110,7 +114,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(uint32_t k_blocks, u
     reinterpret_cast<uint32_t*>(base)[i] = (i * 2654435761u) & 0x77777777u;
   float* scale_area = reinterpret_cast<float*>(base + kTokenBytes + kWeightBytes);
   for (uint32_t i = threadIdx.x; i < kScaleSlots * (16 + 128); i += blockDim.x) scale_area[i] = 1.0f + 1e-3f * (i % 7);
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // generic writes, read by wgmma
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // generic writes, read by wgmma
   __syncthreads();
 
   const Smem smem{static_cast<uint32_t>(__cvta_generic_to_shared(base)),
@@ -141,12 +145,13 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(uint32_t k_blocks, u
     for (uint32_t i = 0; i < 64; ++i) checksum += acc[0][i] + acc[1][i];
   } else if constexpr (kLoop == Loop::halves || kLoop == Loop::halves_unscaled || kLoop == Loop::halves_32_ffmas ||
                        kLoop == Loop::halves_in_step) {
-    // Warpgroup 1 starts once warpgroup 0's first half has completed, as the kernels' stagger does.
+    // Warpgroup 1 starts once warpgroup 0's first half has completed, as the kernels' stagger does
+    // (not in halves_in_step).
     float acc[2][64] = {};
     float partial[64];
     const uint32_t tokens = smem.tokens + 64 * warpgroup * kRowBytes;
     constexpr bool kStaggered = kLoop != Loop::halves_in_step;
-    if (kStaggered && warpgroup == 1) asm volatile("bar.sync 1, 256;" ::: "memory");
+    if (kStaggered && warpgroup == 1) megamoe::gemm::stagger_wait();
     for (uint32_t kb = 0; kb < k_blocks; ++kb) {
       scales_of(smem, kb, 64 * warpgroup + token, act, blocks);
 #pragma unroll
@@ -156,7 +161,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(uint32_t k_blocks, u
         issue_k_block(tokens, smem.weights + h * kHalfBytes, partial, false);
         megamoe::ptx::wgmma_commit();
         megamoe::ptx::wgmma_wait<0>();
-        if (kStaggered && warpgroup == 0 && kb == 0 && h == 0) asm volatile("bar.arrive 1, 256;" ::: "memory");
+        if (kStaggered && warpgroup == 0 && kb == 0 && h == 0) megamoe::gemm::stagger_arrive();
         if constexpr (kLoop == Loop::halves || kLoop == Loop::halves_in_step)
           promote(acc[h], partial, act, blocks + 2 * h);
         else if constexpr (kLoop == Loop::halves_32_ffmas)
@@ -173,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(uint32_t k_blocks, u
     float acc[96] = {};
     float partial[96];
     const uint32_t tokens = smem.tokens + 64 * warpgroup * kRowBytes;
-    if (kStaggered && warpgroup == 1) asm volatile("bar.sync 1, 256;" ::: "memory");
+    if (kStaggered && warpgroup == 1) megamoe::gemm::stagger_wait();
     for (uint32_t kb = 0; kb < k_blocks; ++kb) {
       scales_of(smem, kb, 64 * warpgroup + token, act, blocks);
       megamoe::ptx::fence_registers(partial);
@@ -184,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(uint32_t k_blocks, u
                     SmemDescSw128::at(smem.weights).plus(32 * kk).value(), partial, kk > 0);
       megamoe::ptx::wgmma_commit();
       megamoe::ptx::wgmma_wait<0>();
-      if (kStaggered && warpgroup == 0 && kb == 0) asm volatile("bar.arrive 1, 256;" ::: "memory");
+      if (kStaggered && warpgroup == 0 && kb == 0) megamoe::gemm::stagger_arrive();
       promote(acc, partial, act, blocks);
     }
     for (uint32_t i = 0; i < 96; ++i) checksum += acc[i];
@@ -203,12 +208,12 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(uint32_t k_blocks, u
                    SmemDescSw128::at(smem.weights + quarter * 64 * kRowBytes).plus(32 * kk).value(), into, kk > 0);
       megamoe::ptx::wgmma_commit();
     };
-    if (warpgroup == 1) asm volatile("bar.sync 1, 256;" ::: "memory");
+    if (warpgroup == 1) megamoe::gemm::stagger_wait();
     for (uint32_t kb = 0; kb < k_blocks; ++kb) {
       scales_of(smem, kb, 64 * warpgroup + token, act, blocks);
       issue(partial[0], 0);
       megamoe::ptx::wgmma_wait<0>();
-      if (warpgroup == 0 && kb == 0) asm volatile("bar.arrive 1, 256;" ::: "memory");
+      if (warpgroup == 0 && kb == 0) megamoe::gemm::stagger_arrive();
 #pragma unroll
       for (uint32_t q = 1; q < 4; ++q) {
         issue(partial[q % 2], q);
@@ -244,7 +249,6 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(uint32_t k_blocks, u
       promote(acc, partial[0], act, blocks + 2 * warpgroup);
       megamoe::ptx::wgmma_wait<0>();
     }
-    megamoe::ptx::wgmma_wait<0>();
     for (uint32_t i = 0; i < 64; ++i) checksum += acc[i];
   }
   const unsigned long long elapsed = clock64() - start;
@@ -300,6 +304,15 @@ Result run(uint32_t k_blocks, int sms, unsigned long long* cycles, float* sink) 
           ms * 1e3, slowest / (ms * 1e6)};
 }
 
+// Calls f(std::integral_constant<Loop, L>{}) for every loop, in this order.
+template <class F>
+void for_each_loop(const F& f) {
+  const auto each = [&]<Loop... kLoops>() { (f(std::integral_constant<Loop, kLoops>{}), ...); };
+  each.template operator()<Loop::plain, Loop::halves, Loop::halves_unscaled, Loop::halves_32_ffmas,
+                           Loop::halves_in_step, Loop::single_n192, Loop::single_n192_staggered,
+                           Loop::two_partials, Loop::quarters>();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -339,8 +352,6 @@ int main(int argc, char** argv) {
   PROBE_CHECK(cudaMalloc(&cycles, static_cast<size_t>(sms) * (kThreads / 32) * sizeof(unsigned long long)));
   PROBE_CHECK(cudaMalloc(&sink, sms * sizeof(float)));
 
-  constexpr Loop kLoops[] = {Loop::plain,       Loop::halves,       Loop::halves_unscaled, Loop::halves_32_ffmas, Loop::halves_in_step,
-                             Loop::single_n192, Loop::single_n192_staggered, Loop::two_partials, Loop::quarters};
   std::vector<std::string> rows;
   // Of the plain loop: per cycle of the median CTA, per cycle of the slowest, and per unit of time.
   std::printf("%-22s %5s %8s %14s %14s %8s %8s %8s %7s\n", "loop", "round", "tile", "median cyc/K", "slowest cyc/K",
@@ -348,21 +359,9 @@ int main(int argc, char** argv) {
   for (int round = 0; round < rounds; ++round) {
     // The loops take turns within a round, so that the board's clock and power state fall on all alike.
     double plain_median = 0.0, plain_slowest = 0.0, plain_time = 0.0;  // multiply-adds per cycle or µs
-    for (const Loop loop : kLoops) {
-      Result result{};
-      switch (loop) {
-        case Loop::plain: result = run<Loop::plain>(k_blocks, sms, cycles, sink); break;
-        case Loop::halves: result = run<Loop::halves>(k_blocks, sms, cycles, sink); break;
-        case Loop::halves_unscaled: result = run<Loop::halves_unscaled>(k_blocks, sms, cycles, sink); break;
-        case Loop::halves_32_ffmas: result = run<Loop::halves_32_ffmas>(k_blocks, sms, cycles, sink); break;
-        case Loop::halves_in_step: result = run<Loop::halves_in_step>(k_blocks, sms, cycles, sink); break;
-        case Loop::single_n192: result = run<Loop::single_n192>(k_blocks, sms, cycles, sink); break;
-        case Loop::single_n192_staggered:
-          result = run<Loop::single_n192_staggered>(k_blocks, sms, cycles, sink);
-          break;
-        case Loop::two_partials: result = run<Loop::two_partials>(k_blocks, sms, cycles, sink); break;
-        case Loop::quarters: result = run<Loop::quarters>(k_blocks, sms, cycles, sink); break;
-      }
+    const auto report = [&](auto loop_constant) {
+      constexpr Loop loop = decltype(loop_constant)::value;
+      const Result result = run<loop>(k_blocks, sms, cycles, sink);
       const double median_rate = result.ffma_per_k_block / result.median_cycles_per_k_block;
       const double slowest_rate = result.ffma_per_k_block / result.slowest_cycles_per_k_block;
       const double time_rate = result.ffma_per_k_block * k_blocks / result.kernel_us;
@@ -382,7 +381,8 @@ int main(int argc, char** argv) {
                     median_rate / plain_median, slowest_rate / plain_slowest, time_rate / plain_time,
                     median_rate / 4096.0, result.kernel_us, result.sm_ghz);
       rows.emplace_back(row);
-    }
+    };
+    for_each_loop(report);  // plain first: the others are given against it
   }
   if (!json_path.empty()) {
     FILE* file = std::fopen(json_path.c_str(), "w");
