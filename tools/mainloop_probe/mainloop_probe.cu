@@ -3,12 +3,13 @@
 // no epilogue), so what it measures is the wgmma groups, their waits and the promotion FFMAs between
 // them. It bounds the fp8 prefill mainloop by its structure (issue 30, docs/gemm.md): our tile's two
 // drained n128 halves per K block, the public kernel's one n192 group, and two partial sums per
-// warpgroup, against the same tile without the promotion and the plain (unscaled) loop.
+// warpgroup, against the same tile without the promotion and the plain (unscaled) loop; and the
+// warpgroups staggered, in step, or taking turns at the tensor cores.
 //   megamoe_mainloop_probe [--k-blocks N] [--rounds R] [--json FILE]
 // A CTA's cycles are its slowest warp's (clock64). Each loop's rate, in multiply-adds per cycle and
 // SM, is given against the plain loop's in the same round three ways: for the median CTA, for the
 // slowest CTA, and per unit of time (which also feels the clock the board ran at). Hopper's dense
-// FP8 rate is 4096 per cycle per SM.
+// FP8 rate is 4096 per cycle per SM. "slow CTAs" counts those over 1.1x the fastest CTA's cycles.
 #include <cuda/ptx>
 #include <cuda_runtime.h>
 
@@ -38,8 +39,14 @@ enum class Loop {
   halves_unscaled,   // the same groups and waits without the FFMAs
   halves_32_ffmas,   // the same with half the FFMAs (a diagnostic: only half of each partial sum promoted)
   halves_in_step,    // halves with both warpgroups starting together (no stagger)
+  halves_turns_at_issue,       // halves_in_step, each group issued on the warpgroup's turn, passed once issued
+  halves_turns_at_half,        // ... passed once the group's first two wgmmas have completed
+  halves_turns_at_completion,  // ... passed once the group has completed
   single_n192,       // 128 x 192, one n192 group per K block, waited for, 96 FFMAs
   single_n192_staggered,  // the same, warpgroup 1 starting once warpgroup 0's first group has completed
+  single_n192_turns_at_issue,       // single_n192 with turns as the halves_turns loops
+  single_n192_turns_at_half,
+  single_n192_turns_at_completion,
   two_partials,      // 64 x 256, warpgroup w on weight half w: K block kb's group issued before kb - 1's promotion
   quarters,          // 128 x 256 in n64 groups, two 32-register partial sums: group q + 1 issued before q's promotion
 };
@@ -51,19 +58,50 @@ constexpr const char* loop_name(Loop loop) {
     case Loop::halves_unscaled: return "halves_unscaled";
     case Loop::halves_32_ffmas: return "halves_32_ffmas";
     case Loop::halves_in_step: return "halves_in_step";
+    case Loop::halves_turns_at_issue: return "halves_turns_at_issue";
+    case Loop::halves_turns_at_half: return "halves_turns_at_half";
+    case Loop::halves_turns_at_completion: return "halves_turns_at_completion";
     case Loop::single_n192: return "single_n192";
     case Loop::single_n192_staggered: return "single_n192_staggered";
+    case Loop::single_n192_turns_at_issue: return "single_n192_turns_at_issue";
+    case Loop::single_n192_turns_at_half: return "single_n192_turns_at_half";
+    case Loop::single_n192_turns_at_completion: return "single_n192_turns_at_completion";
     case Loop::two_partials: return "two_partials";
     case Loop::quarters: return "quarters";
   }
   return "?";
 }
 
+// Where a warpgroup passes the tensor cores to the other (gemm::turn_wait/turn_pass): the in-step loops'
+// CTAs settle either with one warpgroup's drain and promotion beside the other's group or with both
+// at once (their median and slowest CTAs, stop 94); turns are a way to hold every CTA in the first.
+enum class Turns { none, at_issue, at_half, at_completion };
+constexpr Turns turns_of(Loop loop) {
+  switch (loop) {
+    case Loop::halves_turns_at_issue:
+    case Loop::single_n192_turns_at_issue: return Turns::at_issue;
+    case Loop::halves_turns_at_half:
+    case Loop::single_n192_turns_at_half: return Turns::at_half;
+    case Loop::halves_turns_at_completion:
+    case Loop::single_n192_turns_at_completion: return Turns::at_completion;
+    default: return Turns::none;
+  }
+}
+constexpr bool is_halves(Loop loop) {
+  return loop == Loop::halves || loop == Loop::halves_unscaled || loop == Loop::halves_32_ffmas ||
+         loop == Loop::halves_in_step || loop == Loop::halves_turns_at_issue || loop == Loop::halves_turns_at_half ||
+         loop == Loop::halves_turns_at_completion;
+}
+constexpr bool is_n192(Loop loop) {
+  return loop == Loop::single_n192 || loop == Loop::single_n192_staggered || loop == Loop::single_n192_turns_at_issue ||
+         loop == Loop::single_n192_turns_at_half || loop == Loop::single_n192_turns_at_completion;
+}
+
 struct Shape {
   uint32_t tokens, weight_rows;
 };
 constexpr Shape tile_shape(Loop loop) {
-  if (loop == Loop::single_n192 || loop == Loop::single_n192_staggered) return {128, 192};
+  if (is_n192(loop)) return {128, 192};
   return loop == Loop::two_partials ? Shape{64, 256} : Shape{128, 256};
 }
 
@@ -85,6 +123,33 @@ __device__ __forceinline__ void issue_k_block(uint32_t tokens, uint32_t weights,
   for (uint32_t kk = 0; kk < 4; ++kk)
     Mma128::mma(SmemDescSw128::at(tokens).plus(32 * kk).value(), SmemDescSw128::at(weights).plus(32 * kk).value(), d,
                 accumulate || kk > 0);
+}
+
+// One K block's group of four k32 wgmmas into d (Mma: its n), issued on the warpgroup's turn and
+// waited for; the turn passes where kTurns says. Warpgroup 0 takes the first turn; warpgroup 1 skips
+// its last pass, which no wait would consume.
+template <class Mma, Turns kTurns, uint32_t kRegs>
+__device__ __forceinline__ void group_on_turn(uint32_t tokens, uint32_t weights, float (&d)[kRegs], uint32_t warpgroup,
+                                              bool first, bool last) {
+  constexpr bool kTakesTurns = kTurns != Turns::none;
+  if (kTakesTurns && !(first && warpgroup == 0)) megamoe::gemm::turn_wait(warpgroup);
+  const bool passes = kTakesTurns && !(last && warpgroup == 1);
+  megamoe::ptx::fence_registers(d);
+  megamoe::ptx::wgmma_fence();
+#pragma unroll
+  for (uint32_t kk = 0; kk < 4; ++kk) {
+    Mma::mma(SmemDescSw128::at(tokens).plus(32 * kk).value(), SmemDescSw128::at(weights).plus(32 * kk).value(), d,
+             kk > 0);
+    if (kTurns == Turns::at_half && kk == 1) megamoe::ptx::wgmma_commit();
+  }
+  megamoe::ptx::wgmma_commit();
+  if (kTurns == Turns::at_issue && passes) megamoe::gemm::turn_pass(warpgroup);
+  if constexpr (kTurns == Turns::at_half) {
+    megamoe::ptx::wgmma_wait<1>();
+    if (passes) megamoe::gemm::turn_pass(warpgroup);
+  }
+  megamoe::ptx::wgmma_wait<0>();
+  if (kTurns == Turns::at_completion && passes) megamoe::gemm::turn_pass(warpgroup);
 }
 
 // acc += partial x (act_scale[row] x weight_scale[64-row block]), registers laid out as wgmma's
@@ -143,26 +208,22 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(uint32_t k_blocks, u
     megamoe::ptx::fence_registers(acc[0]);
     megamoe::ptx::fence_registers(acc[1]);
     for (uint32_t i = 0; i < 64; ++i) checksum += acc[0][i] + acc[1][i];
-  } else if constexpr (kLoop == Loop::halves || kLoop == Loop::halves_unscaled || kLoop == Loop::halves_32_ffmas ||
-                       kLoop == Loop::halves_in_step) {
+  } else if constexpr (is_halves(kLoop)) {
     // Warpgroup 1 starts once warpgroup 0's first half has completed, as the kernels' stagger does
-    // (not in halves_in_step).
+    // (not in halves_in_step and the turns loops).
     float acc[2][64] = {};
     float partial[64];
     const uint32_t tokens = smem.tokens + 64 * warpgroup * kRowBytes;
-    constexpr bool kStaggered = kLoop != Loop::halves_in_step;
+    constexpr bool kStaggered = kLoop == Loop::halves || kLoop == Loop::halves_unscaled || kLoop == Loop::halves_32_ffmas;
     if (kStaggered && warpgroup == 1) megamoe::gemm::stagger_wait();
     for (uint32_t kb = 0; kb < k_blocks; ++kb) {
       scales_of(smem, kb, 64 * warpgroup + token, act, blocks);
 #pragma unroll
       for (uint32_t h = 0; h < 2; ++h) {
-        megamoe::ptx::fence_registers(partial);
-        megamoe::ptx::wgmma_fence();
-        issue_k_block(tokens, smem.weights + h * kHalfBytes, partial, false);
-        megamoe::ptx::wgmma_commit();
-        megamoe::ptx::wgmma_wait<0>();
+        group_on_turn<Mma128, turns_of(kLoop)>(tokens, smem.weights + h * kHalfBytes, partial, warpgroup,
+                                               kb == 0 && h == 0, kb == k_blocks - 1 && h == 1);
         if (kStaggered && warpgroup == 0 && kb == 0 && h == 0) megamoe::gemm::stagger_arrive();
-        if constexpr (kLoop == Loop::halves || kLoop == Loop::halves_in_step)
+        if constexpr (kLoop != Loop::halves_unscaled && kLoop != Loop::halves_32_ffmas)
           promote(acc[h], partial, act, blocks + 2 * h);
         else if constexpr (kLoop == Loop::halves_32_ffmas)
           promote(acc[h], reinterpret_cast<float(&)[32]>(partial), act, blocks + 2 * h);
@@ -171,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(uint32_t k_blocks, u
       }
     }
     for (uint32_t i = 0; i < 64; ++i) checksum += acc[0][i] + acc[1][i] + partial[i];
-  } else if constexpr (kLoop == Loop::single_n192 || kLoop == Loop::single_n192_staggered) {
+  } else if constexpr (is_n192(kLoop)) {
     // DeepGEMM's structure: one group per K block, one wait, 96 FFMAs; its warpgroups consume each
     // stage together, which leaves them in step only as far as the stages' arrivals hold them.
     constexpr bool kStaggered = kLoop == Loop::single_n192_staggered;
@@ -181,14 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(uint32_t k_blocks, u
     if (kStaggered && warpgroup == 1) megamoe::gemm::stagger_wait();
     for (uint32_t kb = 0; kb < k_blocks; ++kb) {
       scales_of(smem, kb, 64 * warpgroup + token, act, blocks);
-      megamoe::ptx::fence_registers(partial);
-      megamoe::ptx::wgmma_fence();
-#pragma unroll
-      for (uint32_t kk = 0; kk < 4; ++kk)
-        Mma192::mma(SmemDescSw128::at(tokens).plus(32 * kk).value(),
-                    SmemDescSw128::at(smem.weights).plus(32 * kk).value(), partial, kk > 0);
-      megamoe::ptx::wgmma_commit();
-      megamoe::ptx::wgmma_wait<0>();
+      group_on_turn<Mma192, turns_of(kLoop)>(tokens, smem.weights, partial, warpgroup, kb == 0, kb == k_blocks - 1);
       if (kStaggered && warpgroup == 0 && kb == 0) megamoe::gemm::stagger_arrive();
       promote(acc, partial, act, blocks);
     }
@@ -263,6 +317,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(uint32_t k_blocks, u
 // slowest CTA's cycles over the kernel's time.
 struct Result {
   double median_cycles_per_k_block, slowest_cycles_per_k_block, ffma_per_k_block, kernel_us, sm_ghz;
+  int slow_ctas;  // CTAs over 1.1x the fastest CTA's cycles: how many settled in a slower phase
 };
 
 #define PROBE_CHECK(call)                                                                        \
@@ -297,11 +352,13 @@ Result run(uint32_t k_blocks, int sms, unsigned long long* cycles, float* sink) 
         *std::max_element(warp_cycles.begin() + cta * (kThreads / 32), warp_cycles.begin() + (cta + 1) * (kThreads / 32)));
   std::sort(cta_cycles.begin(), cta_cycles.end());
   const double median = cta_cycles[sms / 2], slowest = cta_cycles.back();
+  const int slow_ctas = static_cast<int>(
+      cta_cycles.end() - std::upper_bound(cta_cycles.begin(), cta_cycles.end(), 1.1 * cta_cycles.front()));
   const Shape shape = tile_shape(kLoop);
   PROBE_CHECK(cudaEventDestroy(begin));
   PROBE_CHECK(cudaEventDestroy(end));
   return {median / k_blocks, slowest / k_blocks, static_cast<double>(shape.tokens) * shape.weight_rows * 128,
-          ms * 1e3, slowest / (ms * 1e6)};
+          ms * 1e3, slowest / (ms * 1e6), slow_ctas};
 }
 
 // Calls f(std::integral_constant<Loop, L>{}) for every loop, in this order.
@@ -309,8 +366,10 @@ template <class F>
 void for_each_loop(const F& f) {
   const auto each = [&]<Loop... kLoops>() { (f(std::integral_constant<Loop, kLoops>{}), ...); };
   each.template operator()<Loop::plain, Loop::halves, Loop::halves_unscaled, Loop::halves_32_ffmas,
-                           Loop::halves_in_step, Loop::single_n192, Loop::single_n192_staggered,
-                           Loop::two_partials, Loop::quarters>();
+                           Loop::halves_in_step, Loop::halves_turns_at_issue, Loop::halves_turns_at_half,
+                           Loop::halves_turns_at_completion, Loop::single_n192, Loop::single_n192_staggered,
+                           Loop::single_n192_turns_at_issue, Loop::single_n192_turns_at_half,
+                           Loop::single_n192_turns_at_completion, Loop::two_partials, Loop::quarters>();
 }
 
 }  // namespace
@@ -354,8 +413,8 @@ int main(int argc, char** argv) {
 
   std::vector<std::string> rows;
   // Of the plain loop: per cycle of the median CTA, per cycle of the slowest, and per unit of time.
-  std::printf("%-22s %5s %8s %14s %14s %8s %8s %8s %7s\n", "loop", "round", "tile", "median cyc/K", "slowest cyc/K",
-              "median", "slowest", "time", "SM GHz");
+  std::printf("%-31s %5s %8s %14s %14s %8s %8s %8s %7s %9s\n", "loop", "round", "tile", "median cyc/K",
+              "slowest cyc/K", "median", "slowest", "time", "SM GHz", "slow CTAs");
   for (int round = 0; round < rounds; ++round) {
     // The loops take turns within a round, so that the board's clock and power state fall on all alike.
     double plain_median = 0.0, plain_slowest = 0.0, plain_time = 0.0;  // multiply-adds per cycle or µs
@@ -367,19 +426,21 @@ int main(int argc, char** argv) {
       const double time_rate = result.ffma_per_k_block * k_blocks / result.kernel_us;
       if (loop == Loop::plain) plain_median = median_rate, plain_slowest = slowest_rate, plain_time = time_rate;
       const Shape shape = tile_shape(loop);
-      std::printf("%-22s %5d %3ux%-4u %14.1f %14.1f %8.3f %8.3f %8.3f %7.2f\n", loop_name(loop), round, shape.tokens,
-                  shape.weight_rows, result.median_cycles_per_k_block, result.slowest_cycles_per_k_block,
-                  median_rate / plain_median, slowest_rate / plain_slowest, time_rate / plain_time, result.sm_ghz);
+      std::printf("%-31s %5d %3ux%-4u %14.1f %14.1f %8.3f %8.3f %8.3f %7.2f %9d\n", loop_name(loop), round,
+                  shape.tokens, shape.weight_rows, result.median_cycles_per_k_block, result.slowest_cycles_per_k_block,
+                  median_rate / plain_median, slowest_rate / plain_slowest, time_rate / plain_time, result.sm_ghz,
+                  result.slow_ctas);
       char row[768];
       std::snprintf(row, sizeof row,
                     "{\"loop\": \"%s\", \"round\": %d, \"tile_tokens\": %u, \"tile_weight_rows\": %u, "
                     "\"k_blocks\": %u, \"cycles_per_k_block\": %.1f, \"slowest_cycles_per_k_block\": %.1f, "
                     "\"ffma_per_cycle_per_sm\": %.1f, \"vs_plain_loop\": %.4f, \"slowest_vs_plain_loop\": %.4f, "
-                    "\"time_vs_plain_loop\": %.4f, \"vs_fp8_dense_peak\": %.4f, \"us\": %.1f, \"sm_ghz\": %.3f}",
+                    "\"time_vs_plain_loop\": %.4f, \"vs_fp8_dense_peak\": %.4f, \"us\": %.1f, \"sm_ghz\": %.3f, "
+                    "\"slow_ctas\": %d, \"ctas\": %d}",
                     loop_name(loop), round, shape.tokens, shape.weight_rows, k_blocks,
                     result.median_cycles_per_k_block, result.slowest_cycles_per_k_block, median_rate,
                     median_rate / plain_median, slowest_rate / plain_slowest, time_rate / plain_time,
-                    median_rate / 4096.0, result.kernel_us, result.sm_ghz);
+                    median_rate / 4096.0, result.kernel_us, result.sm_ghz, result.slow_ctas, sms);
       rows.emplace_back(row);
     };
     for_each_loop(report);  // plain first: the others are given against it
