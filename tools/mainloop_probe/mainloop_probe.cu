@@ -118,31 +118,45 @@ struct Smem {
   const float* act_scales;         // [slot][128 tokens]
 };
 
-__device__ __forceinline__ void issue_k_block(uint32_t tokens, uint32_t weights, float (&d)[64], bool accumulate) {
+// wgmmas [begin, end) of one K block's four (32 bytes of K each) into d (Mma: its n); with accumulate
+// false the first of a block starts d from zero.
+template <class Mma, uint32_t kRegs>
+__device__ __forceinline__ void issue_wgmmas(uint32_t tokens, uint32_t weights, float (&d)[kRegs], uint32_t begin,
+                                             uint32_t end, bool accumulate) {
 #pragma unroll
-  for (uint32_t kk = 0; kk < 4; ++kk)
-    Mma128::mma(SmemDescSw128::at(tokens).plus(32 * kk).value(), SmemDescSw128::at(weights).plus(32 * kk).value(), d,
-                accumulate || kk > 0);
+  for (uint32_t kk = begin; kk < end; ++kk)
+    Mma::mma(SmemDescSw128::at(tokens).plus(32 * kk).value(), SmemDescSw128::at(weights).plus(32 * kk).value(), d,
+             accumulate || kk > 0);
 }
 
-// One K block's group of four k32 wgmmas into d (Mma: its n), issued on the warpgroup's turn and
-// waited for; the turn passes where kTurns says. Warpgroup 0 takes the first turn; warpgroup 1 skips
-// its last pass, which no wait would consume.
+// One K block's four wgmmas into d, from zero, committed as one group.
+template <class Mma, uint32_t kRegs>
+__device__ __forceinline__ void issue_group(uint32_t tokens, uint32_t weights, float (&d)[kRegs]) {
+  megamoe::ptx::fence_registers(d);
+  megamoe::ptx::wgmma_fence();
+  issue_wgmmas<Mma>(tokens, weights, d, 0, 4, false);
+  megamoe::ptx::wgmma_commit();
+}
+
+// One K block's group into d, issued on the warpgroup's turn and waited for; the turn passes where
+// kTurns says (at_half: the group committed as two, its first two wgmmas and the rest). Warpgroup 0
+// takes the first turn; warpgroup 1 skips its last pass, which no wait would consume.
 template <class Mma, Turns kTurns, uint32_t kRegs>
 __device__ __forceinline__ void group_on_turn(uint32_t tokens, uint32_t weights, float (&d)[kRegs], uint32_t warpgroup,
                                               bool first, bool last) {
   constexpr bool kTakesTurns = kTurns != Turns::none;
   if (kTakesTurns && !(first && warpgroup == 0)) megamoe::gemm::turn_wait(warpgroup);
   const bool passes = kTakesTurns && !(last && warpgroup == 1);
-  megamoe::ptx::fence_registers(d);
-  megamoe::ptx::wgmma_fence();
-#pragma unroll
-  for (uint32_t kk = 0; kk < 4; ++kk) {
-    Mma::mma(SmemDescSw128::at(tokens).plus(32 * kk).value(), SmemDescSw128::at(weights).plus(32 * kk).value(), d,
-             kk > 0);
-    if (kTurns == Turns::at_half && kk == 1) megamoe::ptx::wgmma_commit();
+  if constexpr (kTurns == Turns::at_half) {
+    megamoe::ptx::fence_registers(d);
+    megamoe::ptx::wgmma_fence();
+    issue_wgmmas<Mma>(tokens, weights, d, 0, 2, false);
+    megamoe::ptx::wgmma_commit();
+    issue_wgmmas<Mma>(tokens, weights, d, 2, 4, true);
+    megamoe::ptx::wgmma_commit();
+  } else {
+    issue_group<Mma>(tokens, weights, d);
   }
-  megamoe::ptx::wgmma_commit();
   if (kTurns == Turns::at_issue && passes) megamoe::gemm::turn_pass(warpgroup);
   if constexpr (kTurns == Turns::at_half) {
     megamoe::ptx::wgmma_wait<1>();
@@ -199,8 +213,8 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(uint32_t k_blocks, u
       megamoe::ptx::fence_registers(acc[0]);
       megamoe::ptx::fence_registers(acc[1]);
       megamoe::ptx::wgmma_fence();
-      issue_k_block(tokens, smem.weights, acc[0], kb > 0);
-      issue_k_block(tokens, smem.weights + kHalfBytes, acc[1], kb > 0);
+      issue_wgmmas<Mma128>(tokens, smem.weights, acc[0], 0, 4, kb > 0);
+      issue_wgmmas<Mma128>(tokens, smem.weights + kHalfBytes, acc[1], 0, 4, kb > 0);
       megamoe::ptx::wgmma_commit();
       megamoe::ptx::wgmma_wait<1>();
     }
@@ -254,13 +268,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(uint32_t k_blocks, u
     float partial[2][32];
     const uint32_t tokens = smem.tokens + 64 * warpgroup * kRowBytes;
     const auto issue = [&](float (&into)[32], uint32_t quarter) {
-      megamoe::ptx::fence_registers(into);
-      megamoe::ptx::wgmma_fence();
-#pragma unroll
-      for (uint32_t kk = 0; kk < 4; ++kk)
-        Mma64::mma(SmemDescSw128::at(tokens).plus(32 * kk).value(),
-                   SmemDescSw128::at(smem.weights + quarter * 64 * kRowBytes).plus(32 * kk).value(), into, kk > 0);
-      megamoe::ptx::wgmma_commit();
+      issue_group<Mma64>(tokens, smem.weights + quarter * 64 * kRowBytes, into);
     };
     if (warpgroup == 1) megamoe::gemm::stagger_wait();
     for (uint32_t kb = 0; kb < k_blocks; ++kb) {
@@ -285,12 +293,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(uint32_t k_blocks, u
     float acc[64] = {};
     float partial[2][64];
     const uint32_t weights = smem.weights + warpgroup * kHalfBytes;
-    const auto issue = [&](float (&into)[64]) {
-      megamoe::ptx::fence_registers(into);
-      megamoe::ptx::wgmma_fence();
-      issue_k_block(smem.tokens, weights, into, false);
-      megamoe::ptx::wgmma_commit();
-    };
+    const auto issue = [&](float (&into)[64]) { issue_group<Mma128>(smem.tokens, weights, into); };
     issue(partial[1]);  // stands for K block -1 (k_blocks is even)
     megamoe::ptx::wgmma_wait<0>();
     for (uint32_t kb = 0; kb < k_blocks; kb += 2) {
