@@ -72,10 +72,21 @@ constexpr const char* loop_name(Loop loop) {
   return "?";
 }
 
-// Where a warpgroup passes the tensor cores to the other (gemm::turn_wait/turn_pass): the in-step loops'
+// Where a warpgroup passes the tensor cores to the other (turn_wait/turn_pass): the in-step loops'
 // CTAs settle either with one warpgroup's drain and promotion beside the other's group or with both
 // at once (their median and slowest CTAs, stop 94); turns are a way to hold every CTA in the first.
+// (Measured at stop 95: one phase on every CTA, but slower than the in-step fast one; not in the GEMM.)
 enum class Turns { none, at_issue, at_half, at_completion };
+
+// Warpgroup w waits for its turn on named barrier 10 + w, then passes the other its turn; the other's
+// wait must consume a pass before w passes again (a named barrier counts arrivals, not passes), which
+// strict alternation ensures.
+__device__ __forceinline__ void turn_wait(uint32_t warpgroup) {
+  asm volatile("bar.sync %0, 256;" ::"r"(10 + warpgroup) : "memory");
+}
+__device__ __forceinline__ void turn_pass(uint32_t warpgroup) {
+  asm volatile("bar.arrive %0, 256;" ::"r"(11 - warpgroup) : "memory");
+}
 constexpr Turns turns_of(Loop loop) {
   switch (loop) {
     case Loop::halves_turns_at_issue:
@@ -145,7 +156,7 @@ template <class Mma, Turns kTurns, uint32_t kRegs>
 __device__ __forceinline__ void group_on_turn(uint32_t tokens, uint32_t weights, float (&d)[kRegs], uint32_t warpgroup,
                                               bool first, bool last) {
   constexpr bool kTakesTurns = kTurns != Turns::none;
-  if (kTakesTurns && !(first && warpgroup == 0)) megamoe::gemm::turn_wait(warpgroup);
+  if (kTakesTurns && !(first && warpgroup == 0)) turn_wait(warpgroup);
   const bool passes = kTakesTurns && !(last && warpgroup == 1);
   if constexpr (kTurns == Turns::at_half) {
     megamoe::ptx::fence_registers(d);
@@ -157,13 +168,13 @@ __device__ __forceinline__ void group_on_turn(uint32_t tokens, uint32_t weights,
   } else {
     issue_group<Mma>(tokens, weights, d);
   }
-  if (kTurns == Turns::at_issue && passes) megamoe::gemm::turn_pass(warpgroup);
+  if (kTurns == Turns::at_issue && passes) turn_pass(warpgroup);
   if constexpr (kTurns == Turns::at_half) {
     megamoe::ptx::wgmma_wait<1>();
-    if (passes) megamoe::gemm::turn_pass(warpgroup);
+    if (passes) turn_pass(warpgroup);
   }
   megamoe::ptx::wgmma_wait<0>();
-  if (kTurns == Turns::at_completion && passes) megamoe::gemm::turn_pass(warpgroup);
+  if (kTurns == Turns::at_completion && passes) turn_pass(warpgroup);
 }
 
 // acc += partial x (act_scale[row] x weight_scale[64-row block]), registers laid out as wgmma's

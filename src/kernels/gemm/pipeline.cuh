@@ -418,16 +418,4 @@ inline constexpr uint32_t kStaggerKBlocks = 2;
 __device__ __forceinline__ void stagger_arrive() { asm volatile("bar.arrive 4, 256;" ::: "memory"); }
 __device__ __forceinline__ void stagger_wait() { asm volatile("bar.sync 4, 256;" ::: "memory"); }
 
-// Math warpgroups taking turns at the tensor cores (named barriers 10 + w: warpgroup w's turn; 9 is
-// the fused kernel's dispatch warps'), so that one warpgroup's drain and promotion overlap the
-// other's wgmma group instead of coinciding with it (tools/mainloop_probe). Warpgroup w waits for its
-// turn, then passes it on; the other's wait must consume a pass before w passes again (a named
-// barrier counts arrivals, not passes), which strict alternation ensures.
-__device__ __forceinline__ void turn_wait(uint32_t math_warpgroup) {
-  asm volatile("bar.sync %0, 256;" ::"r"(10 + math_warpgroup) : "memory");
-}
-__device__ __forceinline__ void turn_pass(uint32_t math_warpgroup) {
-  asm volatile("bar.arrive %0, 256;" ::"r"(11 - math_warpgroup) : "memory");
-}
-
 }  // namespace megamoe::gemm
