@@ -122,6 +122,25 @@ TEST(TileConfig, MathRegistersFitTheLaunchAllocation) {
   EXPECT_TRUE(kRegistersFit<Fp4Prefill>);
 }
 
+// The scale warp (kScaleWarp) stages fp8's weight-block scales in tokens_on_m tiles, staged or fused, and
+// arrives on full[s] beside the producer; decode tiles (the producer stages them stages ahead), bf16
+// (no scales) and fp8_fp4's prefill tiles (warp 3 is a converter) keep one arrival per producer.
+TEST(TileConfig, ScaleWarpServesFp8PrefillTiles) {
+  using Fp8Prefill = GemmConfig<Fp8Policy, TileLayout::tokens_on_m, 128>;
+  using Fp8PrefillStores = GemmConfig<Fp8Policy, TileLayout::tokens_on_m, 128, true>;
+  using Fp8FusedPrefill = GemmConfig<Fp8Policy, TileLayout::tokens_on_m, 128, false, true>;
+  EXPECT_TRUE(Fp8Prefill::kScaleWarp);
+  EXPECT_TRUE(Fp8PrefillStores::kScaleWarp);
+  EXPECT_TRUE(Fp8FusedPrefill::kScaleWarp);
+  EXPECT_EQ(Fp8Prefill::kFullArrivals, 2u);
+  EXPECT_EQ(Fp8FusedPrefill::kFullArrivals, 2u);
+  EXPECT_FALSE((GemmConfig<Fp8Policy, TileLayout::weights_on_m, 16>::kScaleWarp));
+  EXPECT_EQ((GemmConfig<Fp8Policy, TileLayout::weights_on_m, 16>::kFullArrivals), 1u);
+  EXPECT_FALSE((GemmConfig<Bf16Policy, TileLayout::tokens_on_m, 128, true>::kScaleWarp));
+  EXPECT_FALSE((GemmConfig<Fp8Fp4Policy, TileLayout::tokens_on_m, 128>::kScaleWarp));
+  EXPECT_FALSE((GemmConfig<Fp8Fp4Policy, TileLayout::tokens_on_m, 128, false, true>::kScaleWarp));
+}
+
 TEST(TileConfig, DecodeTilesKeepAtLeastFourStages) {
   EXPECT_GE((GemmConfig<Fp8Policy, TileLayout::weights_on_m, 16>::kStages), 4u);
   EXPECT_GE((GemmConfig<Fp8Policy, TileLayout::weights_on_m, 64>::kStages), 4u);

@@ -128,6 +128,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       *s.tile_done_made(w) = 0;
     }
     for (uint32_t half = 0; half < 2; ++half) cuda::ptx::mbarrier_init(s.stage_loaded() + half, 1);
+    cuda::ptx::mbarrier_init(s.scale_hand_over(), 1);
+    *s.scale_warp_free() = 0;
     *s.pull_phases() = 0;
     *s.stage_phases() = 0;
     *s.pull_segments_built() = 0;
@@ -162,9 +164,16 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     } else {
       dispatch_fused(s, thread - 32, lane);
       // With converters the dispatch warps then expand weight tiles, and each math warpgroup makes its
-      // own tile-done counts.
-      if constexpr (Config::kConverters) convert_fused(s, thread - 32, lane);
-      else if (warp <= Config::kMathWarpgroups && lane == 0) make_handed_counts(s, warp - 1);
+      // own tile-done counts. Without, warps 1 and 2 make the math warpgroups' counts, and warp 3 stages
+      // the weight scales where there are any.
+      if constexpr (Config::kConverters) {
+        convert_fused(s, thread - 32, lane);
+      } else {
+        if (warp <= Config::kMathWarpgroups && lane == 0) make_handed_counts(s, warp - 1);
+        if constexpr (Config::kScaleWarp) {
+          if (warp == 3) stage_scales_fused(s, lane);
+        }
+      }
     }
     finish_cta(s, thread);
   } else if (warpgroup > Config::kMathWarpgroups) {  // converters; none without them (kThreads)

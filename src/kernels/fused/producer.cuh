@@ -94,6 +94,24 @@ __device__ bool run_pull(const FusedScheduler<Config>& s, uint32_t index, uint32
   return true;
 }
 
+// The scale warp's hand-over (GemmConfig::kScaleWarp): warp 3 of the producer warpgroup is a dispatch
+// warp until the dispatch units are done, and meanwhile the producer stages the weight scales and
+// arrives for it. Once free, the warp says so (scale_warp_free); at its next GEMM unit the producer
+// writes where in the ring that unit starts (its stage and phase, and the walkers' unit_ready parities)
+// and completes the hand-over barrier; the warp walks on from there. A producer that ends first
+// completes it with kNoScaleStart.
+inline constexpr uint32_t kNoScaleStart = ~0u;
+template <class Config>
+__device__ __forceinline__ void hand_over_scales(const FusedScheduler<Config>& s, uint32_t start) {
+  *s.scale_start() = start;
+  cuda::ptx::mbarrier_arrive(s.scale_hand_over());
+}
+template <uint32_t kStages>
+__device__ __forceinline__ uint32_t scale_start_at(const gemm::RingPosition<kStages>& ring, uint32_t unit_parities) {
+  static_assert(kStages <= 8, "stage in bits 0-7, parities from bit 16");
+  return ring.stage | ring.phase << 8 | unit_parities << 16;
+}
+
 // The producer warp: claims units in order and feeds them to the ring and the dispatch queue until it
 // claims one that is neither a GEMM, a send nor a pull.
 template <class Config>
@@ -105,6 +123,8 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
   uint32_t handed_over = gemm::kNoUnit;
   bool dispatch_open = true;
   bool ring_open = true;  // lane 0: the math warps still walk the ring
+  bool scale_warp_walks = false;  // lane 0 (kScaleWarp): the scale warp has taken over
+  uint32_t unit_parities = 0;     // lane 0 (kScaleWarp): the walkers' next unit_ready parity per stage
   if constexpr (Config::kStreamed) {
     if (lane == 0 && params.ring_synchronized) {
       wait_own_call_published(s);
@@ -167,16 +187,61 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
       // After a timeout the stages are loaded all the same (the record says the results are void),
       // so that the math warps' walk through the ring stays whole and the launch ends; unless the
       // math warps stopped walking it (a stage not freed in time): then nothing more is issued.
-      const auto publish_tile = [&](uint32_t stage) { *s.unit_tile(stage) = UnitTile::of(work, first_linear); };
-      ring_open = first_linear ? gemm::issue_unit<Config>(s.smem, ring, params.l1[tile.job], work, unit, publish_tile)
-                               : gemm::issue_unit<Config>(s.smem, ring, params.l2[tile.job], work, unit, publish_tile);
+      const auto publish_tile = [&](uint32_t stage) {
+        *s.unit_tile(stage) = UnitTile::of(work, first_linear);
+        if constexpr (Config::kScaleWarp) unit_parities ^= 1u << stage;
+      };
+      if constexpr (Config::kScaleWarp) {
+        if (!scale_warp_walks && *static_cast<volatile uint32_t*>(s.scale_warp_free()) != 0) {
+          hand_over_scales(s, scale_start_at(ring, unit_parities));
+          scale_warp_walks = true;
+        }
+      }
+      ring_open = first_linear ? gemm::issue_unit<Config>(s.smem, ring, params.l1[tile.job], work, unit, publish_tile,
+                                                          scale_warp_walks)
+                               : gemm::issue_unit<Config>(s.smem, ring, params.l2[tile.job], work, unit, publish_tile,
+                                                          scale_warp_walks);
       ok = ok && ring_open;
     }
     if (!__shfl_sync(0xFFFFFFFFu, ok, 0)) break;
   }
   if (lane == 0) {
     if (dispatch_open) push_dispatch(s, queue, gemm::kNoUnit);
-    if (ring_open) gemm::issue_empty_stage<Config>(s.smem, ring, handed_over, watch);
+    if (ring_open) gemm::issue_empty_stage<Config>(s.smem, ring, handed_over, watch, scale_warp_walks);
+    if constexpr (Config::kScaleWarp) {
+      if (!scale_warp_walks) hand_over_scales(s, kNoScaleStart);
+    }
+  }
+}
+
+// The scale warp (kScaleWarp), once its dispatch units are done: stages the weight scales of every GEMM
+// unit from the hand-over on (gemm::stage_unit_weight_scales), then arrives on the end's stage. Only
+// the hand-overs' shared deadline ends its wait for the hand-over, as the walkers' (a timeout's record
+// names the stage kStages).
+template <class Config>
+__device__ void stage_scales_fused(FusedScheduler<Config>& s, uint32_t lane) {
+  const gemm::PipelineWatch& watch = s.params.l1[0].args.watch;
+  if (lane == 0) *static_cast<volatile uint32_t*>(s.scale_warp_free()) = 1;
+  if (!gemm::wait_barrier<Config, true>(s.scale_hand_over(), 0, watch, Config::kStages,
+                                        gemm::SharedDeadline{s.smem.hand_over_deadline()}))
+    return;
+  const uint32_t start = *s.scale_start();
+  if (start == kNoScaleStart) return;
+  gemm::RingPosition<Config::kStages> ring;
+  ring.stage = start & 0xFFu;
+  ring.phase = start >> 8 & 1u;
+  uint32_t unit_parities = start >> 16;
+  for (;;) {
+    const uint32_t index = gemm::next_unit(s.smem, ring, unit_parities, watch);
+    if ((index & kEndBit) != 0) {
+      __syncwarp();
+      if (lane == 0) cuda::ptx::mbarrier_arrive(s.smem.full(ring.stage));  // completes the last stage
+      return;
+    }
+    const UnitTile unit = *s.unit_tile(ring.stage);
+    const gemm::MainloopArgs& args = unit.first_linear ? s.params.l1[unit.tile.job].args : s.params.l2[unit.tile.job].args;
+    if (!gemm::stage_unit_weight_scales<Config>(s.smem, ring, args, unit.tile, unit.work(args.k_blocks).k_blocks, lane))
+      return;
   }
 }
 

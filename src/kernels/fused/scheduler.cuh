@@ -114,7 +114,12 @@ struct FusedTables {
   static constexpr uint32_t kStagePhases = kStageLoaded + 2 * 2;
   // The dispatch queue's next hand-over deadline (gemm::SharedDeadline), a u64.
   static constexpr uint32_t kQueueDeadline = (kStagePhases + 1 + 1) / 2 * 2;
-  static constexpr uint32_t kWords = kQueueDeadline + 2;
+  // The scale warp's hand-over (gemm::GemmConfig::kScaleWarp; producer.cuh): its mbarrier, the ring
+  // position it starts at, and the warp's flag that it is free.
+  static constexpr uint32_t kScaleHandOver = kQueueDeadline + 2;  // u64 mbarrier
+  static constexpr uint32_t kScaleStart = kScaleHandOver + 2;
+  static constexpr uint32_t kScaleWarpFree = kScaleStart + 1;
+  static constexpr uint32_t kWords = kScaleWarpFree + 1;
 };
 
 // Where the math warps count their tiles done, in shared memory: computed from the parameters inside
@@ -202,6 +207,11 @@ struct FusedScheduler {
   __device__ SignalTargets* signal_targets() const {
     return reinterpret_cast<SignalTargets*>(words(FusedTables::kSignals));
   }
+  __device__ uint64_t* scale_hand_over() const {
+    return reinterpret_cast<uint64_t*>(words(FusedTables::kScaleHandOver));
+  }
+  __device__ uint32_t* scale_start() const { return words(FusedTables::kScaleStart); }
+  __device__ uint32_t* scale_warp_free() const { return words(FusedTables::kScaleWarpFree); }
   __device__ uint32_t* tile_done_mode(uint32_t math_warpgroup) const {
     return words(FusedTables::kTileDoneMode + math_warpgroup);
   }

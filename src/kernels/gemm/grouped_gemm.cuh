@@ -115,8 +115,13 @@ __global__ void __launch_bounds__(Config::kThreads, 1) grouped_gemm_kernel(const
       if (lane == 0) produce<Config>(smem, scheduler, jobs);
     } else if constexpr (Config::kConverterWarps > 0) {
       convert_weights<Config>(smem, scheduler, jobs, thread - 32, lane);
-    } else if constexpr (Config::kStoreWarps) {
-      if (warp <= Config::kMathWarpgroups) Epilogue::store_staged_tiles(smem, jobs, warp - 1, lane);
+    } else {
+      if constexpr (Config::kStoreWarps) {
+        if (warp <= Config::kMathWarpgroups) Epilogue::store_staged_tiles(smem, jobs, warp - 1, lane);
+      }
+      if constexpr (Config::kScaleWarp) {
+        if (warp == 3) stage_weight_scales<Config>(smem, scheduler, jobs, lane);
+      }
     }
     return;
   }

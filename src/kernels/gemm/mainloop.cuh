@@ -135,14 +135,16 @@ __device__ __forceinline__ float4 tile_weight_scales(const MainloopArgs& args, c
 // the unit's first stage is free, before the walkers learn of the unit: what it writes beside the
 // unit slot, they read with it. False when a stage was not freed in time (a timeout, recorded) or the
 // unit's hand-over came past its deadline (the walkers gave up): the producer then issues nothing
-// more, not even the end.
+// more, not even the end. With kScaleWarp, `scale_warp_walks` says whether the scale warp stages this
+// unit's weight-block scales (and arrives on its stages' full barriers); if not, the producer does both
+// (the fused kernel's warp 3 joins once its dispatch units are done: FusedScheduler::scale_hand_over).
 struct NoClaimWork {
   __device__ void operator()(uint32_t) const {}
 };
 template <class Config, class Epilogue, class OnClaim = NoClaimWork>
 __device__ __forceinline__ bool issue_unit(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
                                            const GemmJob<Epilogue>& job, const WorkUnit& unit, uint32_t index,
-                                           const OnClaim& on_claim = {}) {
+                                           const OnClaim& on_claim = {}, bool scale_warp_walks = true) {
   const Tile& tile = unit.tile;
   const MainloopArgs& args = job.args;
   const int32_t weight_row = static_cast<int32_t>(tile_first_weight_row<Config>(args, tile));
@@ -159,13 +161,14 @@ __device__ __forceinline__ bool issue_unit(const SharedStorage<Config>& smem, Ri
   };
   for (uint32_t kb = unit.k_blocks.begin; kb < unit.k_blocks.end; ++kb) {
     // Loaded before the wait for a free stage, which hides their latency.
+    const bool producer_scales = Config::kStageWeightScales && (!Config::kScaleWarp || !scale_warp_walks);
     [[maybe_unused]] float4 block_scales;
-    if constexpr (Config::kStageWeightScales) block_scales = tile_weight_scales<Config>(args, tile, kb);
+    if (producer_scales) block_scales = tile_weight_scales<Config>(args, tile, kb);
     // A stage not freed in time (recorded): the math warps stopped walking the ring, so nothing more
     // is issued; waiting again for every later stage would take two timeouts each.
     if (!wait_barrier<Config, true>(smem.empty(ring.stage), ring.phase ^ 1, args.watch, ring.stage)) return false;
     // Stored before the arrival below, which releases them to the math warps with the stage's bytes.
-    if constexpr (Config::kStageWeightScales) *smem.weight_scales(ring.stage) = block_scales;
+    if (producer_scales) *smem.weight_scales(ring.stage) = block_scales;
     if (kb == unit.k_blocks.begin) {
       *smem.unit_slot(ring.stage) = index;
       on_claim(ring.stage);
@@ -185,6 +188,7 @@ __device__ __forceinline__ bool issue_unit(const SharedStorage<Config>& smem, Ri
     const uint32_t stage_bytes = Config::kStageTxBytes + (Config::kExpandInRegisters ? raw_bytes : 0);
     cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
                                          full, stage_bytes);
+    if (Config::kScaleWarp && !scale_warp_walks) cuda::ptx::mbarrier_arrive(full);  // the scale warp's
     const int32_t k_coord = static_cast<int32_t>(kb * Config::kBlockK);
     if constexpr (Config::kPacked) {
       uint64_t* raw_full = full;
@@ -220,11 +224,12 @@ __device__ __forceinline__ bool issue_unit(const SharedStorage<Config>& smem, Ri
 // Fills the ring's next stage with no bytes and `index` in its unit slot: the last stage of a
 // producer (index kNoUnit), or a unit the math warps run without operands (the fused schedule's
 // dispatch and combine units). The arrivals complete the stage's phases as the producer's; past the
-// hand-over's deadline there are none (the walkers have given up on the stage).
+// hand-over's deadline there are none (the walkers have given up on the stage). `scale_warp_walks` as
+// in issue_unit.
 template <class Config>
 __device__ __forceinline__ void issue_empty_stage(const SharedStorage<Config>& smem,
                                                   RingPosition<Config::kStages>& ring, uint32_t index,
-                                                  const PipelineWatch& watch) {
+                                                  const PipelineWatch& watch, bool scale_warp_walks = true) {
   wait_barrier<Config, true>(smem.empty(ring.stage), ring.phase ^ 1, watch, ring.stage);
   *smem.unit_slot(ring.stage) = index;
   if constexpr (Config::kDispatchWarps) {
@@ -232,6 +237,7 @@ __device__ __forceinline__ void issue_empty_stage(const SharedStorage<Config>& s
   }
   cuda::ptx::mbarrier_arrive(smem.unit_ready(ring.stage));
   cuda::ptx::mbarrier_arrive(smem.full(ring.stage));
+  if (Config::kScaleWarp && !scale_warp_walks) cuda::ptx::mbarrier_arrive(smem.full(ring.stage));
   if constexpr (Config::kConverters) cuda::ptx::mbarrier_arrive(smem.raw_full(ring.stage));
   ring.advance();
 }
@@ -344,6 +350,55 @@ __device__ void convert_weights(const SharedStorage<Config>& smem, const TileSch
       if (lane == 0) cuda::ptx::mbarrier_arrive(smem.full(ring.stage));
       ring.advance();
     }
+  }
+}
+
+// kScaleWarp: the weight-block scales of a unit's stages, written by one warp walking the units as
+// the other walkers do, each followed by its arrival on full[s]. It writes a stage once its last use
+// was released (the producer's wait), and loads the scales of eight K blocks at once (one per lane: K
+// block kb + lane / 4, 64-row block lane % 4), so that a load latency falls on every eighth K block
+// only, and on none of the producer's copies. Blocks past the group's end read none (zero). False
+// after a timeout (recorded).
+template <class Config>
+__device__ bool stage_unit_weight_scales(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
+                                         const MainloopArgs& args, const Tile& tile, KRange k_blocks, uint32_t lane) {
+  constexpr uint32_t kBatchKBlocks = 32 / 4;
+  const uint32_t first_row_block = tile_first_weight_row<Config>(args, tile) / 64;
+  const uint32_t valid_blocks = min(Config::kBlockM / 64, group_row_blocks_end(args, tile) - first_row_block);
+  const float* block_scales = args.weight_scales + (first_row_block + lane % 4) * args.k_blocks;
+  float scale = 0.0f;
+  for (uint32_t kb = k_blocks.begin; kb < k_blocks.end; ++kb) {
+    const uint32_t slot = (kb - k_blocks.begin) % kBatchKBlocks;
+    if (slot == 0) {
+      const uint32_t lane_kb = kb + lane / 4;
+      scale = lane % 4 < valid_blocks && lane_kb < k_blocks.end ? __ldg(block_scales + lane_kb) : 0.0f;
+    }
+    if (!wait_barrier<Config, true>(smem.empty(ring.stage), ring.phase ^ 1, args.watch, ring.stage)) return false;
+    if (lane / 4 == slot) reinterpret_cast<float*>(smem.weight_scales(ring.stage))[lane % 4] = scale;
+    __syncwarp();
+    if (lane == 0) cuda::ptx::mbarrier_arrive(smem.full(ring.stage));
+    ring.advance();
+  }
+  return true;
+}
+
+// The staged GEMM's scale warp (kScaleWarp): every unit's stages, then its arrival on the end's.
+template <class Config, class Epilogue>
+__device__ void stage_weight_scales(const SharedStorage<Config>& smem, const TileScheduler<Config::kBlockN>& scheduler,
+                                    const GemmJobs<Epilogue>& jobs, uint32_t lane) {
+  RingPosition<Config::kStages> ring;
+  uint32_t unit_parities = 0;
+  uint32_t group_cursor = 0;
+  for (;;) {
+    const uint32_t index = next_unit(smem, ring, unit_parities, jobs.job[0].args.watch);
+    if (index == kNoUnit) {
+      __syncwarp();
+      if (lane == 0) cuda::ptx::mbarrier_arrive(smem.full(ring.stage));  // completes the last stage
+      return;
+    }
+    const WorkUnit unit = scheduler.unit(index, group_cursor);
+    if (!stage_unit_weight_scales<Config>(smem, ring, jobs.job[unit.tile.job].args, unit.tile, unit.k_blocks, lane))
+      return;
   }
 }
 
