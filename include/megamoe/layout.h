@@ -78,6 +78,9 @@ struct PoolSource {
   uint32_t token_topk;  // token * top_k + k
 };
 
+// kWaitGemmStage's `detail` when the fused kernel's scale warp waited for its hand-over from the producer.
+inline constexpr uint32_t kGemmScaleHandOver = 0xFFFFu;
+
 // Codes of the device error record (DeviceError::code).
 enum DeviceErrorCode : uint32_t {
   kDeviceOk = 0,
@@ -112,7 +115,7 @@ enum WaitSite : uint32_t {
   kWaitFrontLayoutReady = 6,
   kWaitFrontConsumed = 7,
   kWaitTest = 8,
-  kWaitGemmStage = 9,         // a GEMM pipeline stage inside one CTA (`detail` = stage)
+  kWaitGemmStage = 9,         // a GEMM pipeline stage inside one CTA (`detail` = stage, or kGemmScaleHandOver)
   // The fused schedule's waits (kernels/fused): `choice` = the expert or token tile waited for.
   kWaitFusedInputs = 10,      // this rank's send units (inputs staged for the shared experts)
   kWaitFusedRows = 11,        // rows of a local expert pulled into the pool

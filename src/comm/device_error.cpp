@@ -31,7 +31,9 @@ SiteWords site_words(const DeviceError& error) {
     case kWaitFrontLayoutReady: return {"for a front-ring slot's layout", "value"};
     case kWaitFrontConsumed: return {"for a front-ring slot to be consumed", "value"};
     case kWaitTest: return {"on a test flag from rank " + peer, "value"};
-    case kWaitGemmStage: return {"for GEMM pipeline stage " + std::to_string(error.detail), "parity", false};
+    case kWaitGemmStage:
+      if (error.detail == kGemmScaleHandOver) return {"for the weight-scale warp's hand-over", "parity", false};
+      return {"for GEMM pipeline stage " + std::to_string(error.detail), "parity", false};
     case kWaitFusedInputs: return {"for this rank's send units (inputs staged)", "count"};
     case kWaitFusedRows: return {"for the rows of local expert " + std::to_string(error.choice), "rows"};
     case kWaitFusedL1Tile: return {"for the L1 outputs of routed token tile " + std::to_string(error.choice), "count"};

@@ -54,6 +54,10 @@ TEST(DescribeDeviceError, GridBarrierAndOtherSites) {
   gemm.detail = 3;  // the stage, not a timeout
   EXPECT_EQ(describe(gemm),
             "rank 1, block 0, thread 0: timed out waiting for GEMM pipeline stage 3 (expected parity 1, saw 0)");
+  gemm.detail = kGemmScaleHandOver;
+  EXPECT_EQ(describe(gemm),
+            "rank 1, block 0, thread 0: timed out waiting for the weight-scale warp's hand-over (expected parity 1, "
+            "saw 0)");
   DeviceError handed = timeout_at(kWaitFusedTileDone, 1, 5, 4);
   handed.detail = 1;  // the math warpgroup, not a timeout
   EXPECT_EQ(describe(handed),

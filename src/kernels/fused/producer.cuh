@@ -217,12 +217,12 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
 // The scale warp (kScaleWarp), once its dispatch units are done: stages the weight scales of every GEMM
 // unit from the hand-over on (gemm::stage_unit_weight_scales), then arrives on the end's stage. Only
 // the hand-overs' shared deadline ends its wait for the hand-over, as the walkers' (a timeout's record
-// names the stage kStages).
+// says kGemmScaleHandOver where other waits name their stage).
 template <class Config>
 __device__ void stage_scales_fused(FusedScheduler<Config>& s, uint32_t lane) {
   const gemm::PipelineWatch& watch = s.params.l1[0].args.watch;
   if (lane == 0) *static_cast<volatile uint32_t*>(s.scale_warp_free()) = 1;
-  if (!gemm::wait_barrier<Config, true>(s.scale_hand_over(), 0, watch, Config::kStages,
+  if (!gemm::wait_barrier<Config, true>(s.scale_hand_over(), 0, watch, kGemmScaleHandOver,
                                         gemm::SharedDeadline{s.smem.hand_over_deadline()}))
     return;
   const uint32_t start = *s.scale_start();
