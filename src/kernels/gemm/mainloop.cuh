@@ -113,21 +113,27 @@ __device__ __forceinline__ uint32_t tile_first_weight_row(const MainloopArgs& ar
   return tile.group * args.n_out + tile.m_tile * Config::kBlockM;
 }
 
-// The end of a tile's group in 64-row weight blocks (a partial last tile's blocks reach past it).
-__device__ __forceinline__ uint32_t group_row_blocks_end(const MainloopArgs& args, const Tile& tile) {
-  return (tile.group + 1) * args.n_out / 64;
+// A tile's 64-row weight-scale blocks: the first, and how many lie inside its group. Blocks past the
+// group's end (a partial last tile's) read none and contribute zero.
+struct WeightRowBlocks {
+  uint32_t first;
+  uint32_t valid;
+};
+template <class Config>
+__device__ __forceinline__ WeightRowBlocks tile_weight_row_blocks(const MainloopArgs& args, const Tile& tile) {
+  const uint32_t first = tile_first_weight_row<Config>(args, tile) / 64;
+  const uint32_t group_end = (tile.group + 1) * args.n_out / 64;
+  return {first, min(Config::kBlockM / 64, group_end - first)};
 }
 
-// The scales of K block kb for a tile's four 64-row weight blocks; blocks past the group's end (a
-// partial last tile) read none and contribute zero.
+// The scales of K block kb for a tile's four 64-row weight blocks.
 template <class Config>
 __device__ __forceinline__ float4 tile_weight_scales(const MainloopArgs& args, const Tile& tile, uint32_t kb) {
-  const uint32_t first_row_block = tile_first_weight_row<Config>(args, tile) / 64;
-  const uint32_t valid_blocks = min(4u, group_row_blocks_end(args, tile) - first_row_block);
-  const float* scales = args.weight_scales + first_row_block * args.k_blocks + kb;
+  const WeightRowBlocks blocks = tile_weight_row_blocks<Config>(args, tile);
+  const float* scales = args.weight_scales + blocks.first * args.k_blocks + kb;
   float value[4];
 #pragma unroll
-  for (uint32_t b = 0; b < 4; ++b) value[b] = b < valid_blocks ? __ldg(scales + b * args.k_blocks) : 0.0f;
+  for (uint32_t b = 0; b < 4; ++b) value[b] = b < blocks.valid ? __ldg(scales + b * args.k_blocks) : 0.0f;
   return make_float4(value[0], value[1], value[2], value[3]);
 }
 
@@ -159,9 +165,9 @@ __device__ __forceinline__ bool issue_unit(const SharedStorage<Config>& smem, Ri
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, destination,
                                       &job.weights_map, coords, barrier);
   };
+  const bool producer_scales = Config::kStageWeightScales && (!Config::kScaleWarp || !scale_warp_walks);
   for (uint32_t kb = unit.k_blocks.begin; kb < unit.k_blocks.end; ++kb) {
     // Loaded before the wait for a free stage, which hides their latency.
-    const bool producer_scales = Config::kStageWeightScales && (!Config::kScaleWarp || !scale_warp_walks);
     [[maybe_unused]] float4 block_scales;
     if (producer_scales) block_scales = tile_weight_scales<Config>(args, tile, kb);
     // A stage not freed in time (recorded): the math warps stopped walking the ring, so nothing more
@@ -363,15 +369,14 @@ template <class Config>
 __device__ bool stage_unit_weight_scales(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
                                          const MainloopArgs& args, const Tile& tile, KRange k_blocks, uint32_t lane) {
   constexpr uint32_t kBatchKBlocks = 32 / 4;
-  const uint32_t first_row_block = tile_first_weight_row<Config>(args, tile) / 64;
-  const uint32_t valid_blocks = min(Config::kBlockM / 64, group_row_blocks_end(args, tile) - first_row_block);
-  const float* block_scales = args.weight_scales + (first_row_block + lane % 4) * args.k_blocks;
+  const WeightRowBlocks blocks = tile_weight_row_blocks<Config>(args, tile);
+  const float* block_scales = args.weight_scales + (blocks.first + lane % 4) * args.k_blocks;
   float scale = 0.0f;
   for (uint32_t kb = k_blocks.begin; kb < k_blocks.end; ++kb) {
     const uint32_t slot = (kb - k_blocks.begin) % kBatchKBlocks;
     if (slot == 0) {
       const uint32_t lane_kb = kb + lane / 4;
-      scale = lane % 4 < valid_blocks && lane_kb < k_blocks.end ? __ldg(block_scales + lane_kb) : 0.0f;
+      scale = lane % 4 < blocks.valid && lane_kb < k_blocks.end ? __ldg(block_scales + lane_kb) : 0.0f;
     }
     if (!wait_barrier<Config, true>(smem.empty(ring.stage), ring.phase ^ 1, args.watch, ring.stage)) return false;
     if (lane / 4 == slot) reinterpret_cast<float*>(smem.weight_scales(ring.stage))[lane % 4] = scale;
