@@ -214,19 +214,6 @@ __device__ void produce_fused(FusedScheduler<Config>& s, uint32_t lane) {
   }
 }
 
-// A walker warp's next GEMM unit (true: its tile is in the unit's first stage), or the end (false), whose
-// stage its arrival then completes.
-template <class Config>
-__device__ __forceinline__ bool next_gemm_unit(const FusedScheduler<Config>& s, gemm::RingPosition<Config::kStages>& ring,
-                                               uint32_t& unit_parities, const gemm::PipelineWatch& watch,
-                                               uint32_t lane) {
-  const uint32_t index = gemm::next_unit(s.smem, ring, unit_parities, watch);
-  if ((index & kEndBit) == 0) return true;
-  __syncwarp();
-  if (lane == 0) cuda::ptx::mbarrier_arrive(s.smem.full(ring.stage));
-  return false;
-}
-
 // The scale warp (kScaleWarp), once its dispatch units are done: stages the weight scales of every GEMM
 // unit from the hand-over on (gemm::stage_unit_weight_scales), then arrives on the end's stage. Only
 // the hand-overs' shared deadline ends its wait for the hand-over, as the walkers' (a timeout's record
@@ -244,7 +231,8 @@ __device__ void stage_scales_fused(FusedScheduler<Config>& s, uint32_t lane) {
   ring.stage = start & 0xFFu;
   ring.phase = start >> 8 & 1u;
   uint32_t unit_parities = start >> 16;
-  while (next_gemm_unit(s, ring, unit_parities, watch, lane)) {
+  uint32_t index;
+  while (gemm::next_walker_unit(s.smem, ring, unit_parities, watch, lane, index)) {
     const UnitTile unit = *s.unit_tile(ring.stage);
     const gemm::MainloopArgs& args = unit.first_linear ? s.params.l1[unit.tile.job].args : s.params.l2[unit.tile.job].args;
     if (!gemm::stage_unit_weight_scales<Config>(s.smem, ring, args, unit.tile, unit.work(args.k_blocks).k_blocks, lane))
@@ -258,7 +246,8 @@ __device__ void convert_fused(FusedScheduler<Config>& s, uint32_t thread, uint32
   gemm::RingPosition<Config::kStages> ring;
   uint32_t unit_parities = 0;
   const gemm::PipelineWatch& watch = s.params.l1[0].args.watch;
-  while (next_gemm_unit(s, ring, unit_parities, watch, lane)) {
+  uint32_t index;
+  while (gemm::next_walker_unit(s.smem, ring, unit_parities, watch, lane, index)) {
     const UnitTile& unit = *s.unit_tile(ring.stage);
     const gemm::KRange k_range =
         unit.work(unit.first_linear ? s.params.l1[0].args.k_blocks : s.params.l2[0].args.k_blocks).k_blocks;

@@ -80,7 +80,7 @@ __device__ __forceinline__ uint32_t pull_counts_per_row(const UnitPlan& plan) {
 }
 // The ring's last stage carries, with this bit, the unit the producer claimed but did not run (the
 // first combine unit, or one past the last): the math warps run it and claim the rest.
-inline constexpr uint32_t kEndBit = 0x80000000u;
+inline constexpr uint32_t kEndBit = gemm::kEndOfRingBit;
 
 // The fused schedule's shared memory beyond the GEMM's stages, in the GEMM scheduler's area (u32
 // words): the routed tiles' tables, the dispatch warps' table, their queue and its barriers, flags.

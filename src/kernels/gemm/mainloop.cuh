@@ -107,6 +107,22 @@ __device__ uint32_t next_unit(const SharedStorage<Config>& smem, const RingPosit
   return *smem.unit_slot(ring.stage);
 }
 
+// A walker warp's next unit (the converters', the scale warp's): true with its index, or false at the
+// ring's end, whose stage the warp's arrival then completes. The end is any index with bit 31 set:
+// kNoUnit, and in the fused schedule the end's carried unit (kernels/fused: kEndBit); unit indices
+// stay below it.
+inline constexpr uint32_t kEndOfRingBit = 1u << 31;
+template <class Config>
+__device__ __forceinline__ bool next_walker_unit(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
+                                                 uint32_t& unit_parities, const PipelineWatch& watch, uint32_t lane,
+                                                 uint32_t& index) {
+  index = next_unit(smem, ring, unit_parities, watch);
+  if ((index & kEndOfRingBit) == 0) return true;
+  __syncwarp();
+  if (lane == 0) cuda::ptx::mbarrier_arrive(smem.full(ring.stage));
+  return false;
+}
+
 // The first row of a tile's weights in the weight tensor (every group's rows, one after the other).
 template <class Config>
 __device__ __forceinline__ uint32_t tile_first_weight_row(const MainloopArgs& args, const Tile& tile) {
@@ -339,13 +355,8 @@ __device__ void convert_weights(const SharedStorage<Config>& smem, const TileSch
   uint32_t unit_parities = 0;
   const PipelineWatch& watch = jobs.job[0].args.watch;
   uint32_t group_cursor = 0;
-  for (;;) {
-    const uint32_t index = next_unit(smem, ring, unit_parities, watch);
-    if (index == kNoUnit) {
-      __syncwarp();
-      if (lane == 0) cuda::ptx::mbarrier_arrive(smem.full(ring.stage));  // completes the last stage
-      return;
-    }
+  uint32_t index;
+  while (next_walker_unit(smem, ring, unit_parities, watch, lane, index)) {
     const WorkUnit unit = scheduler.unit(index, group_cursor);
     const MainloopArgs& args = jobs.job[unit.tile.job].args;
     for (uint32_t kb = unit.k_blocks.begin; kb < unit.k_blocks.end; ++kb) {
@@ -394,13 +405,8 @@ __device__ void stage_weight_scales(const SharedStorage<Config>& smem, const Til
   RingPosition<Config::kStages> ring;
   uint32_t unit_parities = 0;
   uint32_t group_cursor = 0;
-  for (;;) {
-    const uint32_t index = next_unit(smem, ring, unit_parities, jobs.job[0].args.watch);
-    if (index == kNoUnit) {
-      __syncwarp();
-      if (lane == 0) cuda::ptx::mbarrier_arrive(smem.full(ring.stage));  // completes the last stage
-      return;
-    }
+  uint32_t index;
+  while (next_walker_unit(smem, ring, unit_parities, jobs.job[0].args.watch, lane, index)) {
     const WorkUnit unit = scheduler.unit(index, group_cursor);
     if (!stage_unit_weight_scales<Config>(smem, ring, jobs.job[unit.tile.job].args, unit.tile, unit.k_blocks, lane))
       return;
