@@ -623,10 +623,15 @@ __device__ void consume_weights_on_m(const SharedStorage<Config>& smem, RingPosi
 // act_scale[token] x weight_scale[64-row block] into the FP32 result. The tensor cores stay busy
 // while one warpgroup promotes only through the other warpgroup's wgmmas.
 template <class Config>
-__device__ void consume_tokens_on_m_scaled(const SharedStorage<Config>& smem, RingPosition<Config::kStages>& ring,
+__device__ void consume_tokens_on_m_scaled(const SharedStorage<Config>& shared, RingPosition<Config::kStages>& ring,
                                            const Tile& tile, KRange k_blocks, const MainloopArgs& args,
                                            uint32_t warpgroup, uint32_t warp, uint32_t lane, uint32_t stagger_kb,
                                            float (&acc)[2][Config::kAccRegs]) {
+  // The wgmma descriptors' shared-window base held through the loop: rebuilt at each K block's top
+  // (the cluster id's read, then a chain of uniform operations) it lay between a block's last
+  // promotion and the next block's first wgmmas (SASS, fp8 L1).
+  SharedStorage<Config> smem = shared;
+  smem.base_address = ptx::held_register(shared.base_address);
   using Mma = typename Config::Policy::template Mma<128>;
   static_assert(Config::kStageWeightScales, "the producer stages the weight-block scales");
   constexpr uint32_t kHalfBytes = 128 * Config::kRowBytes;
@@ -640,9 +645,14 @@ __device__ void consume_tokens_on_m_scaled(const SharedStorage<Config>& smem, Ri
   constexpr bool kStaggerAfterFirstHalf = !Config::kPacked;
 
   float partial[Config::kAccRegs];
+  // Whether the next K block's stage has landed, tested while this block's second half runs: a wait's
+  // poll at the top of the next block put its latency between this block's last promotion and the
+  // next block's first wgmmas, the gap the other warpgroup's half must cover (ncu, fp8 L2: the
+  // poll's result waited for in about 5% of the math warps' time, the stage ready in 99% of them).
+  bool next_stage_landed = false;
   for_each_k_block<!Config::kPacked>(ring, k_blocks, [&](uint32_t stage, uint32_t phase, uint32_t kb) {
     if (!kStaggerAfterFirstHalf && kb == stagger_kb) stagger_arrive();
-    wait_barrier<Config>(smem.full(stage), phase, watch, stage);
+    if (!next_stage_landed) wait_barrier<Config>(smem.full(stage), phase, watch, stage);
     const float4 block_scales = *smem.weight_scales(stage);  // the tile's four 64-row blocks (issue_unit)
     const float row_scales[4] = {block_scales.x, block_scales.y, block_scales.z, block_scales.w};
     const ptx::SmemDescSw128 desc_tokens = smem.tokens_desc(stage, 64 * warpgroup);
@@ -651,6 +661,11 @@ __device__ void consume_tokens_on_m_scaled(const SharedStorage<Config>& smem, Ri
 #pragma unroll
     for (uint32_t h = 0; h < 2; ++h) {
       issue_k_block<Config, Mma>(desc_tokens, smem.weights_desc(stage).plus(h * kHalfBytes), partial, false);
+      if (h == 1) {
+        const bool wraps = stage + 1 == Config::kStages;
+        next_stage_landed = kb + 1 < k_blocks.end &&
+                            cuda::ptx::mbarrier_test_wait_parity(smem.full(wraps ? 0 : stage + 1), wraps ? phase ^ 1 : phase);
+      }
       ptx::wgmma_wait<0>();
       if (kStaggerAfterFirstHalf && h == 0 && kb == stagger_kb) stagger_arrive();
       ptx::fence_registers(partial);

@@ -51,6 +51,14 @@ MEGAMOE_DEVICE void fence_registers(uint32_t (&registers)[kCount]) {
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+r"(registers[i])::"memory");
 }
 
+// `value` in a register the compiler cannot recompute: it is held where it is used rather than
+// rebuilt there (a shared-window address is rebuilt from the cluster id, a special-register read).
+MEGAMOE_DEVICE uint32_t held_register(uint32_t value) {
+  uint32_t held;
+  asm volatile("mov.u32 %0, %1;" : "=r"(held) : "r"(value));
+  return held;
+}
+
 // An L2 policy under which the lines a load brings in are the first to be evicted.
 MEGAMOE_DEVICE uint64_t l2_evict_first_policy() {
   uint64_t policy;
