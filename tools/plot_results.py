@@ -10,8 +10,8 @@ from the benchmark results committed in bench/results/ (docs/results.md describe
 Each table lives between two markers in the Markdown files, which this script owns:
     <!-- BEGIN results:NAME (tools/plot_results.py) -->
     <!-- END results:NAME -->
-Where several files hold the same measurement (the same layer group, or the same GEMM row), the one
-with the latest "date" is current.
+Where several files hold the same measurement on the same board (the same layer group, or the same
+GEMM row), the one with the latest "date" is current; each board's results stay apart.
 """
 
 import argparse
@@ -57,6 +57,12 @@ def short_device(data):
     return f"{match.group(2)}x {match.group(1)}" if match else data.get("device", "?")
 
 
+def board(data):
+    """"NVIDIA H200 x 2" -> "H200"; "NVIDIA H100 80GB HBM3 x 1" -> "H100"."""
+    name = re.sub(r"^NVIDIA ", "", re.sub(r" x \d+$", "", data.get("device", "?")))
+    return name.split()[0] if name else "?"
+
+
 def source(data):
     return f"`bench/results/{data['file']}` (commit {data.get('commit', '?')}, {short_device(data)}, {data.get('date', '?')[:10]})"
 
@@ -64,7 +70,8 @@ def source(data):
 # ---- Layer -----------------------------------------------------------------------------------------
 
 def layer_groups(results):
-    """{(preset, ranks, mode, recipe, routing, schedule): (data, rows sorted by tokens)}; the latest file wins."""
+    """{(preset, ranks, mode, recipe, routing, board, schedule): (data, rows sorted by tokens)}; the latest
+    file wins."""
     groups = {}
     for data in results:
         if data.get("benchmark") != "layer":
@@ -72,7 +79,7 @@ def layer_groups(results):
         found = {}
         for row in data["rows"]:
             key = (preset_of(data, row), int(row["ranks"]), row.get("mode", "processes"), row["recipe"],
-                   row.get("routing", "uniform"), row.get("schedule", "staged"))
+                   row.get("routing", "uniform"), board(data), row.get("schedule", "staged"))
             found.setdefault(key, []).append(row)
         for key, rows in found.items():
             groups[key] = (data, sorted(rows, key=lambda r: r["tokens_per_rank"]))
@@ -80,9 +87,8 @@ def layer_groups(results):
 
 
 def group_label(key, data=None):
-    preset, ranks, mode, recipe, routing, schedule = key
-    gpus = "1 GPU" if mode == "emulated" else f"{ranks} GPU{'s' if ranks > 1 else ''}"
-    ranks_text = f"{ranks} emulated ranks on 1 GPU" if mode == "emulated" else gpus
+    preset, ranks, mode, recipe, routing, gpu, schedule = key
+    ranks_text = f"{ranks} emulated ranks on 1 {gpu}" if mode == "emulated" else f"{ranks}x {gpu}"
     return f"{preset} {recipe}, {ranks_text}, {schedule}"
 
 
@@ -119,13 +125,14 @@ def layer_table(rows, with_schedule=False):
 
 
 def headline_layer_key(groups):
-    """The README's layer group: deepseek-v3 on the most GPUs (one process per GPU), uniform routing."""
+    """The README's layer group: deepseek-v3 on the most GPUs (one process per GPU, H200 before H100),
+    uniform routing."""
     candidates = [k for k in groups if k[2] == "processes" and k[4] == "uniform"]
     if not candidates:
         candidates = list(groups)
     if not candidates:
         return None
-    return max(candidates, key=lambda k: (k[0] == "deepseek-v3", k[1], k[5] == "staged"))
+    return max(candidates, key=lambda k: (k[0] == "deepseek-v3", k[1], k[5] == "H200", k[6] == "staged"))
 
 
 def layer_summary(results):
@@ -134,7 +141,7 @@ def layer_summary(results):
     if key is None:
         return "(no layer results)"
     # Every schedule measured for the headline problem, side by side.
-    same = sorted((k for k in groups if k[:5] == key[:5]), key=lambda k: k[5])
+    same = sorted((k for k in groups if k[:6] == key[:6]), key=lambda k: k[6])
     rows = sorted((r for k in same for r in groups[k][1]), key=lambda r: (r["tokens_per_rank"], r.get("schedule", "")))
     sources = sorted({source(groups[k][0]) for k in same})
     return "\n".join([
@@ -148,7 +155,7 @@ def layer_summary(results):
 def layer_details(results):
     groups = layer_groups(results)
     parts = []
-    for key in sorted(groups, key=lambda k: (k[0], k[2], k[1], k[3], k[5])):
+    for key in sorted(groups, key=lambda k: (k[0], k[2], k[1], k[3], k[5], k[6])):
         data, rows = groups[key]
         ceilings = data.get("ceilings", {})
         ceiling_text = ", ".join(f"{name} {fmt(ceilings.get(name), '.0f')}" for name in
@@ -161,12 +168,17 @@ def layer_details(results):
 
 # ---- GEMM ------------------------------------------------------------------------------------------
 
-def gemm_rows(results, energy=False):
-    """The current GEMM rows, keyed by (recipe, stage, experts, tokens_per_expert, routing): latest file wins.
-    Energy runs (rows with joules) are a separate set."""
+def gemm_boards(results):
+    """The boards with GEMM results, H200 first."""
+    return sorted({board(d) for d in results if d.get("benchmark") == "gemm"}, reverse=True)
+
+
+def gemm_rows(results, gpu, energy=False):
+    """The current GEMM rows on one board, keyed by (recipe, stage, experts, tokens_per_expert, routing):
+    latest file wins. Energy runs (rows with joules) are a separate set."""
     rows = {}
     for data in results:
-        if data.get("benchmark") != "gemm":
+        if data.get("benchmark") != "gemm" or board(data) != gpu:
             continue
         for row in data["rows"]:
             if ("joules" in row) != energy:
@@ -191,11 +203,14 @@ LARGE_EXPERTS = (32, 128)
 
 
 def gemm_summary(results):
-    rows = gemm_rows(results)
-    if not rows:
-        return "(no GEMM results)"
+    parts = [gemm_summary_on(results, gpu) for gpu in gemm_boards(results)]
+    return "\n\n".join(parts) or "(no GEMM results)"
+
+
+def gemm_summary_on(results, gpu):
+    rows = gemm_rows(results, gpu)
     body = []
-    for recipe in RECIPES:
+    for recipe in (r for r in RECIPES if any(k[0] == r for k in rows)):
         def pick(stage=None, tokens=(), routing=None, experts=LARGE_EXPERTS):
             return [r for (rc, st, ex, tk, rt), r in rows.items() if rc == recipe and (stage is None or st == stage)
                     and tk in tokens and ex in experts and (routing is None or rt == routing)]
@@ -212,7 +227,7 @@ def gemm_summary(results):
         body.append(cells)
     sources = sorted({source(r["_data"]) for r in rows.values()})
     return "\n".join([
-        f"DeepSeek-V3 expert shapes, 32 and 128 experts; {'; '.join(sources)}. Decode: 1–16 tokens per expert, "
+        f"**{gpu}**: DeepSeek-V3 expert shapes, 32 and 128 experts; {'; '.join(sources)}. Decode: 1–16 tokens per expert, "
         "weight bytes read per second as a fraction of the same-run HBM copy rate. Prefill: 1024–4096 tokens per "
         "expert against cuBLASLt products of the same shape (plain FP8 or BF16, and FP8 with the recipe's block "
         "scales); ranges cover uniform, random and skewed routing.",
@@ -222,10 +237,13 @@ def gemm_summary(results):
 
 
 def gemm_details(results):
-    rows = gemm_rows(results)
-    if not rows:
-        return "(no GEMM results)"
-    parts = ["#### Decode: weight GB/s as a fraction of the HBM copy rate (and of a launch that only streams "
+    parts = [gemm_details_on(results, gpu) for gpu in gemm_boards(results)]
+    return "\n\n".join(parts) or "(no GEMM results)"
+
+
+def gemm_details_on(results, gpu):
+    rows = gemm_rows(results, gpu)
+    parts = [f"### {gpu}", "", "#### Decode: weight GB/s as a fraction of the HBM copy rate (and of a launch that only streams "
              "the same weight tiles, where measured)", ""]
     body = []
     for recipe in RECIPES:
@@ -266,7 +284,7 @@ def gemm_details(results):
                     body.append([f"`{recipe}`", stage.upper(), experts] + cells)
     parts.append(table(["recipe", "stage", "experts"] + [f"{t} tokens/expert" for t in prefill_tokens], body))
     parts += ["", "Sources: " + "; ".join(sorted({source(r["_data"]) for r in rows.values()})) + "."]
-    energy = gemm_rows(results, energy=True)
+    energy = gemm_rows(results, gpu, energy=True)
     if energy:
         parts += ["", "#### Energy at the power cap: joules per launch against same-shape cuBLASLt products", ""]
         body = [[f"`{r['recipe']}`", r["stage"].upper(), r["experts"], r["tokens_per_expert"],
@@ -355,11 +373,15 @@ def plot(results, out_dir):
         fig.savefig(os.path.join(out_dir, name + ".png"), dpi=110, metadata={"Software": None})
         plt.close(fig)
 
+    # The layer plots show one board, the one measured last (both boards' lines would crowd them).
     groups = layer_groups(results)
-    order = sorted(groups, key=lambda k: (k[0], k[2], k[1], k[3], k[5]))
+    layer_files = [d for d in results if d.get("benchmark") == "layer"]
+    gpu = board(layer_files[-1]) if layer_files else "?"
+    groups = {k: v for k, v in groups.items() if k[5] == gpu}
+    order = sorted(groups, key=lambda k: (k[0], k[2], k[1], k[3], k[6]))
     styles = {"staged": "-", "fused": "--"}
-    # One colour per problem (preset, ranks, mode, recipe, routing), the line style per schedule.
-    problems = sorted({k[:5] for k in order})
+    # One colour per problem (preset, ranks, mode, recipe, routing, board), the line style per schedule.
+    problems = sorted({k[:6] for k in order})
     palette = plt.get_cmap("tab10")
     colour = {problem: palette(i % 10) for i, problem in enumerate(problems)}
 
@@ -368,9 +390,9 @@ def plot(results, out_dir):
         rows = groups[key][1]
         tokens = [r["tokens_per_rank"] for r in rows]
         ax.plot(tokens, [number(r.get("graph_roofline_fraction", r.get("roofline_fraction"))) for r in rows],
-                styles.get(key[5], ":"), marker="o", color=colour[key[:5]], label=group_label(key))
+                styles.get(key[6], ":"), marker="o", color=colour[key[:6]], label=group_label(key))
     ax.set(xlabel="tokens per rank", ylabel="roofline fraction (graph replay)", ylim=(0, 1.05),
-           title="The layer against its floors (compute, HBM, NVLink at same-run ceilings)")
+           title=f"The layer against its floors (compute, HBM, NVLink at same-run ceilings), {gpu}")
     ax.set_xscale("log", base=2)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
@@ -381,10 +403,10 @@ def plot(results, out_dir):
         rows = [r for r in groups[key][1] if not math.isnan(number(r.get("graph_speedup")))]
         if rows:
             ax.plot([r["tokens_per_rank"] for r in rows], [number(r["graph_speedup"]) for r in rows],
-                    styles.get(key[5], ":"), marker="o", color=colour[key[:5]], label=group_label(key))
+                    styles.get(key[6], ":"), marker="o", color=colour[key[:6]], label=group_label(key))
     ax.axhline(1.0, color="gray", linewidth=0.8)
     ax.set(xlabel="tokens per rank", ylabel="speed-up over the unfused baseline (graph replay)",
-           title="Speed-up over NCCL all-to-all + cuBLASLt per-expert GEMMs")
+           title=f"Speed-up over NCCL all-to-all + cuBLASLt per-expert GEMMs, {gpu}")
     ax.set_xscale("log", base=2)
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
@@ -405,13 +427,15 @@ def plot(results, out_dir):
                     label=group_label(problem + ("fused",)).rsplit(",", 1)[0])
     ax.axhline(1.0, color="gray", linewidth=0.8)
     ax.set(xlabel="tokens per rank", ylabel="fused time / staged time (graph replay, same run)",
-           title="The fused schedule against the staged one (below 1: fused is faster)")
+           title=f"The fused schedule against the staged one (below 1: fused is faster), {gpu}")
     ax.set_xscale("log", base=2)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     save(fig, "layer_schedules")
 
-    rows = gemm_rows(results)
+    gemm_files = [d for d in results if d.get("benchmark") == "gemm"]
+    gpu = board(gemm_files[-1]) if gemm_files else "?"
+    rows = gemm_rows(results, gpu)
     if rows:
         fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
         for recipe in RECIPES:
@@ -425,9 +449,9 @@ def plot(results, out_dir):
                 if prefill:
                     right.plot(*zip(*prefill), style, marker="o", label=f"{recipe} {stage.upper()}")
         left.set(xlabel="tokens per expert", ylabel="weight bytes/s over the HBM copy rate", ylim=(0, 1.15),
-                 title="Decode, 128 experts: against HBM")
+                 title=f"Decode, 128 experts: against HBM, {gpu}")
         right.set(xlabel="tokens per expert", ylabel="TFLOP/s over same-shape dense cuBLASLt", ylim=(0, 1.15),
-                  title="Prefill, 128 experts: against dense")
+                  title=f"Prefill, 128 experts: against dense, {gpu}")
         for axis in (left, right):
             axis.set_xscale("log", base=2)
             axis.axhline(1.0, color="gray", linewidth=0.8)
