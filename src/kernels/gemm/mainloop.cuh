@@ -632,6 +632,9 @@ __device__ void consume_tokens_on_m_scaled(const SharedStorage<Config>& shared, 
   // promotion and the next block's first wgmmas (SASS, fp8 L1).
   SharedStorage<Config> smem = shared;
   smem.base_address = ptx::held_register(shared.base_address);
+  // Held too: rebuilt from the thread index at the second half's release, its read sat among that
+  // half's wgmma instructions (SASS, fp8 L1).
+  const uint32_t held_lane = ptx::held_register(lane);
   using Mma = typename Config::Policy::template Mma<128>;
   static_assert(Config::kStageWeightScales, "the producer stages the weight-block scales");
   constexpr uint32_t kHalfBytes = 128 * Config::kRowBytes;
@@ -653,14 +656,21 @@ __device__ void consume_tokens_on_m_scaled(const SharedStorage<Config>& shared, 
   for_each_k_block<!Config::kPacked>(ring, k_blocks, [&](uint32_t stage, uint32_t phase, uint32_t kb) {
     if (!kStaggerAfterFirstHalf && kb == stagger_kb) stagger_arrive();
     if (!next_stage_landed) wait_barrier<Config>(smem.full(stage), phase, watch, stage);
-    const float4 block_scales = *smem.weight_scales(stage);  // the tile's four 64-row blocks (issue_unit)
-    const float row_scales[4] = {block_scales.x, block_scales.y, block_scales.z, block_scales.w};
     const ptx::SmemDescSw128 desc_tokens = smem.tokens_desc(stage, 64 * warpgroup);
-    const float* act_scales = smem.act_scales(stage) + scale_row;
-    const float act_scale[2] = {act_scales[0], act_scales[8]};
+    float4 block_scales;  // the tile's four 64-row blocks (issue_unit)
+    float act_scale[2];
 #pragma unroll
     for (uint32_t h = 0; h < 2; ++h) {
       issue_k_block<Config, Mma>(desc_tokens, smem.weights_desc(stage).plus(h * kHalfBytes), partial, false);
+      // The scales are loaded once the first half's wgmmas are issued: loaded before them, the
+      // products' wait for the loads sat between those wgmma instructions (SASS, fp8 L1 and L2).
+      if (h == 0) {
+        block_scales = ptx::load_shared_v4(smem.weight_scales_address(stage));
+        const uint32_t act_scales = smem.act_scales_address(stage) + 4 * scale_row;
+        act_scale[0] = ptx::load_shared(act_scales);
+        act_scale[1] = ptx::load_shared(act_scales + 4 * 8);
+      }
+      const float row_scales[4] = {block_scales.x, block_scales.y, block_scales.z, block_scales.w};
       if (h == 1) {
         const bool wraps = stage + 1 == Config::kStages;
         next_stage_landed = kb + 1 < k_blocks.end &&
@@ -670,7 +680,7 @@ __device__ void consume_tokens_on_m_scaled(const SharedStorage<Config>& shared, 
       if (kStaggerAfterFirstHalf && h == 0 && kb == stagger_kb) stagger_arrive();
       ptx::fence_registers(partial);
       // The scales are in registers: the producer may refill the stage while the last half is promoted.
-      if (h == 1) release_stage_at(smem, stage, lane);
+      if (h == 1) release_stage_at(smem, stage, held_lane);
       // Register i holds column 8 (i / 4) + ...: the first 32 lie in weight block 2h, the rest in 2h + 1;
       // registers with i % 4 >= 2 hold the token 8 rows further down.
       const float scale[2][2] = {{act_scale[0] * row_scales[2 * h], act_scale[1] * row_scales[2 * h]},

@@ -214,6 +214,13 @@ struct SharedStorage {
     return reinterpret_cast<float4*>(base + Config::kScaleOffset + stage * Config::kScaleStride +
                                      Config::kWeightScaleOffset);
   }
+  // The same two, as shared-window addresses (ptx::load_shared).
+  __device__ uint32_t act_scales_address(uint32_t stage) const {
+    return base_address + Config::kScaleOffset + stage * Config::kScaleStride;
+  }
+  __device__ uint32_t weight_scales_address(uint32_t stage) const {
+    return act_scales_address(stage) + Config::kWeightScaleOffset;
+  }
   __device__ uint8_t* raw_weights(uint32_t stage) const { return base + Config::kRawOffset + stage * Config::kRawStride; }
   __device__ uint8_t* raw_shifts(uint32_t stage) const { return raw_weights(stage) + Config::kRawWeightBytes; }
   __device__ uint64_t* raw_full(uint32_t stage) const {

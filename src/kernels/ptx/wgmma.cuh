@@ -59,6 +59,22 @@ MEGAMOE_DEVICE uint32_t held_register(uint32_t value) {
   return held;
 }
 
+// Shared-memory loads at a shared-window address the caller holds: through a generic pointer the
+// compiler rebuilds the window's base from the cluster id at each use. Volatile, so that a load stays
+// where it is written among the wgmma instructions and after the barrier wait before it.
+MEGAMOE_DEVICE float load_shared(uint32_t address) {
+  float value;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(value) : "r"(address));
+  return value;
+}
+MEGAMOE_DEVICE float4 load_shared_v4(uint32_t address) {
+  float4 value;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(value.x), "=f"(value.y), "=f"(value.z), "=f"(value.w)
+               : "r"(address));
+  return value;
+}
+
 // An L2 policy under which the lines a load brings in are the first to be evicted.
 MEGAMOE_DEVICE uint64_t l2_evict_first_policy() {
   uint64_t policy;
