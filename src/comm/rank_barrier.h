@@ -1,7 +1,7 @@
 // A cross-rank barrier as a kernel of its own, for staged work: kernels issued on `stream` before it
 // on every rank have finished (and their writes are visible everywhere) before kernels issued after
 // it start on any rank. A rank that does not arrive within the timeout leaves a kDeviceTimeout for
-// SymmBuffer::check_device_error.
+// SymmBuffer::check_device_error; a rank whose call broke does not arrive.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -224,4 +224,14 @@ LayerCase absent_rank_case(int32_t ranks) {
   return absent;
 }
 
+LayerCase late_rank_case(int32_t ranks) {
+  LayerCase late;
+  late.name = "last_rank_calls_late";
+  late.num_experts = 8 * ranks;
+  late.num_shared_experts = 1;
+  late.tokens_per_rank = tokens(ranks, {128, 7});
+  late.late_rank = ranks - 1;
+  return late;
+}
+
 }  // namespace megamoe::layer_test

@@ -17,4 +17,8 @@ std::vector<LayerCase> cases_for_ranks(int32_t ranks);
 // MEGAMOE_TIMEOUT_MS): not among cases_for_ranks, which every rank completes.
 LayerCase absent_rank_case(int32_t ranks);
 
+// A case for `ranks` >= 2 ranks in which the last rank calls only after the others' calls have
+// timed out waiting for it (run it with a short MEGAMOE_TIMEOUT_MS).
+LayerCase late_rank_case(int32_t ranks);
+
 }  // namespace megamoe::layer_test

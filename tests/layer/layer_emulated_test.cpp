@@ -49,6 +49,25 @@ TEST_P(EmulatedAbsentRank, RankThatNeverCalls) {
   }
 }
 
+// The last rank calls after the others have timed out waiting for it: they report the timeout,
+// naming it, and the late rank reports an error too (or is exact), in both schedules. Until the
+// staged schedule's rank barrier stopped arriving after a broken call, the late rank passed that
+// barrier on the broken peers' arrival and combined results they never produced, reporting nothing.
+class EmulatedLateRank : public ::testing::TestWithParam<int> {};
+
+TEST_P(EmulatedLateRank, CallsAfterThePeersGaveUp) {
+  MEGAMOE_SKIP_WITHOUT_GPU();
+  const comm_test::ScopedEnv timeout("MEGAMOE_TIMEOUT_MS", comm_test::kShortTimeoutMs);
+  const auto data = layer_test::prepare(layer_test::late_rank_case(GetParam()));
+  for (Schedule schedule : {Schedule::staged, Schedule::fused}) {
+    std::printf("case %s, %s schedule\n", data->c.name.c_str(), std::string(to_string(schedule)).c_str());
+    EXPECT_EQ(run_ranks(GetParam(), LaunchMode::emulated,
+                        [&](Communicator& comm) { layer_test::run_rank(comm, *data, schedule); }),
+              0)
+        << to_string(schedule) << " schedule: ranks failed; see stderr; replay: " << data->replay;
+  }
+}
+
 // One process driving two GPUs, one after the other: the kernels' attributes (their shared-memory
 // size) are set per device, so the second device's launches must succeed as the first's do.
 TEST(TwoDevicesOneProcess, EachDeviceRunsTheLayer) {
@@ -77,6 +96,8 @@ TEST(TwoDevicesOneProcess, EachDeviceRunsTheLayer) {
 INSTANTIATE_TEST_SUITE_P(Ranks, EmulatedLayer, ::testing::Values(1, 2, 4, 8),
                          [](const auto& info) { return std::to_string(info.param) + "_ranks"; });
 INSTANTIATE_TEST_SUITE_P(Ranks, EmulatedAbsentRank, ::testing::Values(2, 4),
+                         [](const auto& info) { return std::to_string(info.param) + "_ranks"; });
+INSTANTIATE_TEST_SUITE_P(Ranks, EmulatedLateRank, ::testing::Values(2, 4),
                          [](const auto& info) { return std::to_string(info.param) + "_ranks"; });
 
 }  // namespace

@@ -46,6 +46,10 @@ struct LayerCase {
   // This rank never calls the layer: the others' spin-waits must time out (set MEGAMOE_TIMEOUT_MS
   // short) and check_device_error must name it.
   int32_t absent_rank = -1;
+  // This rank calls only after the others have timed out waiting for it (set MEGAMOE_TIMEOUT_MS
+  // short): their calls broke. Each rank must then report an error or return the exact output; none
+  // may return without an error and with results its peers never produced.
+  int32_t late_rank = -1;
   // Problem::recv_capacity = the most routes any rank receives + this margin (unset: the worst case).
   // Below zero, the call must be refused on every rank (y untouched, an error naming the capacity),
   // and the next call, with fewer tokens, must be exact.
