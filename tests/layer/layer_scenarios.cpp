@@ -275,25 +275,34 @@ void run_rank(Communicator& comm, const CaseData& data, Schedule schedule) {
     cuda_ok(cudaStreamDestroy(other), "cudaStreamDestroy");  // the kernel runs on
   }
 
+  // What check_device_error reports after the call just made ("" for nothing).
+  const auto reported_error = [&] {
+    try {
+      buffer.check_device_error(stream);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  // A peer of the rank that called late or never (`which`): its call timed out, naming that rank.
+  const auto require_timeout_naming = [&](int32_t rank, const char* which, const std::string& reported) {
+    const std::string names_it = "for rank " + std::to_string(rank);
+    require(reported.find("timed out") != std::string::npos && reported.find(names_it) != std::string::npos,
+            "check_device_error", "rank ", p.rank, " of case ", c.name, ": expected a timeout naming the ", which,
+            " rank ('", names_it, "'), got: ", reported.empty() ? "no error" : reported);
+  };
+
   if (c.absent_rank >= 0) {
     if (p.rank == c.absent_rank) return;  // never calls; waits for the others in finish_together
     inputs.fill(data.batches[p.rank], stream);
     const auto start = std::chrono::steady_clock::now();
     call_layer(buffer, inputs.inputs(), weights.view(), y_view, stream, stats_view);
-    std::string reported;
-    try {
-      buffer.check_device_error(stream);
-    } catch (const Error& e) {
-      reported = e.what();
-    }
+    const std::string reported = reported_error();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double timeout = static_cast<double>(buffer.view().timeout_ns) * 1e-9;
     std::printf("case %s rank %d: reported after %.2f s (timeout %.2f s): %s\n", c.name.c_str(), p.rank, seconds,
                 timeout, reported.c_str());
-    const std::string names_it = "for rank " + std::to_string(c.absent_rank);
-    require(reported.find("timed out") != std::string::npos && reported.find(names_it) != std::string::npos,
-            "check_device_error", "rank ", p.rank, " of case ", c.name, ": expected a timeout naming the absent rank ('",
-            names_it, "'), got: ", reported.empty() ? "no error" : reported);
+    require_timeout_naming(c.absent_rank, "absent", reported);
     // Each later kernel of the call stops at once after the first timeout; a few timeouts are slack.
     require(seconds <= 3 * timeout + 2.0, "check_device_error", "rank ", p.rank, " of case ", c.name,
             ": reported after ", seconds, " s, more than three timeouts (", timeout, " s) and 2 s");
@@ -306,19 +315,11 @@ void run_rank(Communicator& comm, const CaseData& data, Schedule schedule) {
     inputs.fill(data.batches[p.rank], stream);
     cuda_ok(cudaMemsetAsync(y.data, 0xFF, y.count * sizeof(uint16_t), stream), "poison y");
     call_layer(buffer, inputs.inputs(), weights.view(), y_view, stream, stats_view);
-    std::string reported;
-    try {
-      buffer.check_device_error(stream);
-    } catch (const Error& e) {
-      reported = e.what();
-    }
+    const std::string reported = reported_error();
     std::printf("case %s rank %d%s: %s\n", c.name.c_str(), p.rank, p.rank == c.late_rank ? " (late)" : "",
                 reported.empty() ? "no error" : reported.c_str());
     if (p.rank != c.late_rank) {
-      const std::string names_it = "for rank " + std::to_string(c.late_rank);
-      require(reported.find("timed out") != std::string::npos && reported.find(names_it) != std::string::npos,
-              "check_device_error", "rank ", p.rank, " of case ", c.name, ": expected a timeout naming the late rank ('",
-              names_it, "'), got: ", reported.empty() ? "no error" : reported);
+      require_timeout_naming(c.late_rank, "late", reported);
     } else if (reported.empty()) {
       // No error: then every token is exact, although the peers' calls broke before their experts ran.
       std::vector<uint16_t> host_y(y.count);
