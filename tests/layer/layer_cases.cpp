@@ -1,11 +1,15 @@
 #include "layer/layer_cases.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 
+#include "comm/scoped_env.h"
 #include "test_seed.h"
 
 namespace megamoe::layer_test {
@@ -230,6 +234,16 @@ LayerCase late_rank_case(int32_t ranks) {
   late.absent_rank = -1;
   late.late_rank = ranks - 1;
   return late;
+}
+
+void expect_ranks_pass_with_short_timeout(int32_t ranks, LaunchMode mode, const LayerCase& c) {
+  const comm_test::ScopedEnv timeout("MEGAMOE_TIMEOUT_MS", comm_test::kShortTimeoutMs);
+  const auto data = prepare(c);
+  for (Schedule schedule : {Schedule::staged, Schedule::fused}) {
+    std::printf("case %s, %s schedule\n", c.name.c_str(), std::string(to_string(schedule)).c_str());
+    EXPECT_EQ(run_ranks(ranks, mode, [&](Communicator& comm) { run_rank(comm, *data, schedule); }), 0)
+        << to_string(schedule) << " schedule: ranks failed; see stderr; replay: " << data->replay;
+  }
 }
 
 }  // namespace megamoe::layer_test

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "layer/layer_scenarios.h"
+#include "megamoe/comm.h"
 
 namespace megamoe::layer_test {
 
@@ -20,5 +21,10 @@ LayerCase absent_rank_case(int32_t ranks);
 // A case for `ranks` >= 2 ranks in which the last rank calls only after the others' calls have
 // timed out waiting for it (run it with a short MEGAMOE_TIMEOUT_MS).
 LayerCase late_rank_case(int32_t ranks);
+
+// Runs a case whose last rank calls late or never on `ranks` ranks, once per schedule, with
+// MEGAMOE_TIMEOUT_MS at 1 s (set before the ranks start, so that process ranks inherit it); a
+// gtest failure for a run in which some rank failed.
+void expect_ranks_pass_with_short_timeout(int32_t ranks, LaunchMode mode, const LayerCase& c);
 
 }  // namespace megamoe::layer_test

@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <string>
 
-#include "comm/scoped_env.h"
 #include "gpu_test_util.h"
 #include "layer/layer_cases.h"
 #include "megamoe/comm.h"
@@ -38,15 +37,8 @@ class EmulatedAbsentRank : public ::testing::TestWithParam<int> {};
 
 TEST_P(EmulatedAbsentRank, RankThatNeverCalls) {
   MEGAMOE_SKIP_WITHOUT_GPU();
-  const comm_test::ScopedEnv timeout("MEGAMOE_TIMEOUT_MS", comm_test::kShortTimeoutMs);
-  const auto data = layer_test::prepare(layer_test::absent_rank_case(GetParam()));
-  for (Schedule schedule : {Schedule::staged, Schedule::fused}) {
-    std::printf("case %s, %s schedule\n", data->c.name.c_str(), std::string(to_string(schedule)).c_str());
-    EXPECT_EQ(run_ranks(GetParam(), LaunchMode::emulated,
-                        [&](Communicator& comm) { layer_test::run_rank(comm, *data, schedule); }),
-              0)
-        << to_string(schedule) << " schedule: ranks failed; see stderr; replay: " << data->replay;
-  }
+  layer_test::expect_ranks_pass_with_short_timeout(GetParam(), LaunchMode::emulated,
+                                                   layer_test::absent_rank_case(GetParam()));
 }
 
 // The last rank calls after the others have timed out waiting for it: they report the timeout,
@@ -57,15 +49,8 @@ class EmulatedLateRank : public ::testing::TestWithParam<int> {};
 
 TEST_P(EmulatedLateRank, CallsAfterThePeersGaveUp) {
   MEGAMOE_SKIP_WITHOUT_GPU();
-  const comm_test::ScopedEnv timeout("MEGAMOE_TIMEOUT_MS", comm_test::kShortTimeoutMs);
-  const auto data = layer_test::prepare(layer_test::late_rank_case(GetParam()));
-  for (Schedule schedule : {Schedule::staged, Schedule::fused}) {
-    std::printf("case %s, %s schedule\n", data->c.name.c_str(), std::string(to_string(schedule)).c_str());
-    EXPECT_EQ(run_ranks(GetParam(), LaunchMode::emulated,
-                        [&](Communicator& comm) { layer_test::run_rank(comm, *data, schedule); }),
-              0)
-        << to_string(schedule) << " schedule: ranks failed; see stderr; replay: " << data->replay;
-  }
+  layer_test::expect_ranks_pass_with_short_timeout(GetParam(), LaunchMode::emulated,
+                                                   layer_test::late_rank_case(GetParam()));
 }
 
 // One process driving two GPUs, one after the other: the kernels' attributes (their shared-memory

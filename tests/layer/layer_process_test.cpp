@@ -6,7 +6,6 @@
 #include <string>
 
 #include "comm/launcher.h"
-#include "comm/scoped_env.h"
 #include "layer/layer_cases.h"
 #include "megamoe/comm.h"
 
@@ -39,21 +38,27 @@ class ProcessAbsentRank : public ::testing::TestWithParam<int> {};
 TEST_P(ProcessAbsentRank, RankThatNeverCalls) {
   static const int gpus = count_hopper_gpus_in_child();
   if (gpus < GetParam()) GTEST_SKIP() << "needs " << GetParam() << " Hopper GPUs, found " << gpus;
-  const comm_test::ScopedEnv timeout("MEGAMOE_TIMEOUT_MS", comm_test::kShortTimeoutMs);  // the ranks inherit it
-  const auto data = layer_test::prepare(layer_test::absent_rank_case(GetParam()));
-  for (Schedule schedule : {Schedule::staged, Schedule::fused}) {
-    std::printf("case %s, %s schedule\n", data->c.name.c_str(), std::string(to_string(schedule)).c_str());
-    EXPECT_EQ(run_ranks(GetParam(), LaunchMode::processes,
-                        [&](Communicator& comm) { layer_test::run_rank(comm, *data, schedule); }),
-              0)
-        << to_string(schedule) << " schedule: ranks failed; see stderr; replay: " << data->replay;
-  }
+  layer_test::expect_ranks_pass_with_short_timeout(GetParam(), LaunchMode::processes,
+                                                   layer_test::absent_rank_case(GetParam()));
+}
+
+// The last rank process calls after the others timed out waiting for it: each reports an error
+// (the late one, or is exact), in both schedules.
+class ProcessLateRank : public ::testing::TestWithParam<int> {};
+
+TEST_P(ProcessLateRank, CallsAfterThePeersGaveUp) {
+  static const int gpus = count_hopper_gpus_in_child();
+  if (gpus < GetParam()) GTEST_SKIP() << "needs " << GetParam() << " Hopper GPUs, found " << gpus;
+  layer_test::expect_ranks_pass_with_short_timeout(GetParam(), LaunchMode::processes,
+                                                   layer_test::late_rank_case(GetParam()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpus, ProcessLayer, ::testing::Values(1, 2),
                          [](const auto& info) { return std::to_string(info.param) + "_gpus"; });
 // Two GPUs only: it belongs to the two_gpus ctest entry.
 INSTANTIATE_TEST_SUITE_P(Gpus, ProcessAbsentRank, ::testing::Values(2),
+                         [](const auto& info) { return std::to_string(info.param) + "_gpus"; });
+INSTANTIATE_TEST_SUITE_P(Gpus, ProcessLateRank, ::testing::Values(2),
                          [](const auto& info) { return std::to_string(info.param) + "_gpus"; });
 
 }  // namespace
