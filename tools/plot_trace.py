@@ -13,7 +13,8 @@ consecutive units of that kind, the median period (one unit's end to the next on
 before the earlier unit's end the producer had found the next one's operands ready (a negative lead:
 the math warps waited for the producer), and the same periods split by whether the CTA's own pull
 units were still running (the dispatch warps' pulls share the SM with its GEMM units). Last, how long
-the CTAs' GEMM roles sat idle before their first unit, between units and after their last.
+the CTAs' GEMM roles sat idle before their first unit, between units and after their last. It also says
+how the pull units moved their rows: through the dispatch warps' registers or in bulk by the producer.
 """
 import argparse
 import json
@@ -78,6 +79,15 @@ def summarize_steps(events):
         steps = sorted(step for k, step in offsets if k == kind)
         parts = ", ".join(f"{step}: {offsets[(kind, step)]:+.1f}" for step in steps)
         print(f"  {KINDS[kind]:10s} steps (median us from its claim, or ready for GEMM units): {parts}")
+
+
+def pull_paths(events):
+    """(register, bulk): pull units by the dispatch warps' registers, which log steps (0 segments built,
+    1 rows pulled), and by the producer's bulk copies, which log none (units.h's plan picks one)."""
+    pull = KINDS.index("pull")
+    units = {unit for _, unit, kind, _, _ in events if kind == pull}
+    stepped = {unit for _, unit, kind, what, _ in events if kind == pull and what > DONE}
+    return len(stepped), len(units - stepped)
 
 
 def summarize(path, units):
@@ -216,6 +226,9 @@ def main():
             log = json.load(f)
         units = spans(log["events"])
         summarize(path, units)
+        register, bulk = pull_paths(log["events"])
+        if register or bulk:
+            print(f"  pulls: {register} units by the dispatch warps' registers, {bulk} in bulk by the producer")
         summarize_rhythm(units)
         summarize_idle(units)
         summarize_steps(log["events"])

@@ -75,6 +75,11 @@ def main():
     expected_idle = (3, 100.0, 70.0 + 60.0, 20.0 + 30.0 + 100.0, 10.0, 10.0)
     if idle != expected_idle:
         failures.append(f'gemm_idle {idle}, expected {expected_idle}')
+    # Pull paths: a unit with dispatch steps was pulled through registers, one without in bulk.
+    paths = plot_trace.pull_paths(unit(9, 20, PULL, 0, 0, 30) + [(9, 20, PULL, DONE + 1, 5000)] +
+                                  unit(10, 21, PULL, 0, 0, 20) + unit(11, 22, PULL, 0, 0, 25))
+    if paths != (1, 2):
+        failures.append(f'pull_paths {paths}, expected (1, 2)')
     for failure in failures:
         print('FAIL', failure)
     print('plot_trace_test:', 'failed' if failures else 'passed')
