@@ -33,6 +33,12 @@
 #   tools/gpu_check.sh gemm-ab ROUNDS TREE... -- ARGS  `megamoe_gemm_bench ARGS` the same way; prints each
 #                                                 row's TFLOP/s against same-shape plain FP8 per tree, and
 #                                                 each tree's median per recipe and stage (last step)
+#   tools/gpu_check.sh refresh TREE COMMIT [SERIES...]  the plain results files the README's tables read (one
+#                                                 GPU: layer-*, gemm-decode, gemm-prefill-*), from TREE's build, named for
+#                                                 this board and today, into $OUT/results with their "command" and
+#                                                 "commit" as committed files carry them; SERIES picks some (layer-deepseek-v3
+#                                                 layer-qwen3 layer-gpt-oss-fp8 layer-gpt-oss-fp8_fp4 layer-mixtral
+#                                                 gemm-decode gemm-prefill-fp8 gemm-prefill-fp8_fp4) (last step)
 #   tools/gpu_check.sh gemm-guard               a small GEMM benchmark (every recipe, 32 experts, 1 and 16 tokens
 #                                                 per expert, then 1024, uniform) from $BUILD, checked against the
 #                                                 committed results by tools/perf_guard.py: run it first in a session
@@ -514,6 +520,52 @@ step_ab() {
   python3 "$(dirname "$0")/ab_summary.py" "$AB_DIR" --order "${AB_TREES[@]}" "${AB_SAME[@]}" || status=1
 }
 
+# The one-GPU results files behind the README's tables, re-run from one tree's build, each with the
+# command it would carry when run from the repository root, so a refresh is one step on the day's board.
+step_refresh() {
+  local tree=$1 commit=$2 series
+  shift 2
+  local all=(layer-deepseek-v3 layer-qwen3 layer-gpt-oss-fp8 layer-gpt-oss-fp8_fp4 layer-mixtral
+             gemm-decode gemm-prefill-fp8 gemm-prefill-fp8_fp4)
+  [ $# -gt 0 ] && all=("$@")
+  local board=1xh100 day; day=$(date -u +%F)
+  nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -q H200 && board=1xh200
+  mkdir -p "$OUT/results"
+  local layer="--ranks 1 --tokens 1,8,128,512,2048,8192 --repeats 5"
+  for series in "${all[@]}"; do
+    local tool=megamoe args name
+    case $series in
+      layer-deepseek-v3) args="bench --preset deepseek-v3 $layer"; name=layer-$board-$day ;;
+      layer-qwen3) args="bench --preset qwen3-235b-a22b --recipe fp8 $layer"; name=layer-qwen3-235b-a22b-fp8-$board-$day ;;
+      layer-gpt-oss-fp8) args="bench --preset gpt-oss-120b --recipe fp8 $layer"; name=layer-gpt-oss-120b-fp8-$board-$day ;;
+      layer-gpt-oss-fp8_fp4) args="bench --preset gpt-oss-120b --recipe fp8_fp4 $layer"; name=layer-gpt-oss-120b-fp8_fp4-$board-$day ;;
+      layer-mixtral) args="bench --preset mixtral-8x7b --recipe bf16 ${layer/,8192/}"; name=layer-mixtral-8x7b-bf16-$board-$day ;;
+      gemm-decode) tool=megamoe_gemm_bench; name=gemm-decode-$board-$day
+        args="--recipes fp8_fp4,fp8 --experts 32,128 --tokens 1,4,16 --routing uniform,random,skewed" ;;
+      gemm-prefill-fp8) tool=megamoe_gemm_bench; name=gemm-prefill-fp8-$board-$day
+        args="--recipes fp8 --experts 32,128 --tokens 1024,4096 --routing uniform,random" ;;
+      gemm-prefill-fp8_fp4) tool=megamoe_gemm_bench; name=gemm-prefill-fp8_fp4-$board-$day
+        args="--recipes fp8_fp4 --experts 32,128 --tokens 1024,4096 --routing uniform,random,skewed" ;;
+      *) echo "refresh: unknown series $series"; status=1; continue ;;
+    esac
+    local binary=$tree/build/megamoe
+    [ $tool = megamoe ] || binary=$tree/build/bench/gemm/megamoe_gemm_bench
+    local file=$OUT/results/$name.json
+    # shellcheck disable=SC2086  # args are words
+    if ! timeout 540 "$binary" $args --out "$file" >"$OUT/results/$name.log" 2>&1; then
+      echo "refresh: $series failed"; tail -5 "$OUT/results/$name.log"; status=1; continue
+    fi
+    python3 - "$file" "$tool $args --out bench/results/$name.json" "$commit" <<'FIX'
+import json, sys
+path, command, commit = sys.argv[1:]
+data = json.load(open(path))
+data["command"], data["commit"] = command, commit
+json.dump(data, open(path, "w"), indent=1)
+FIX
+    echo "refresh: $name.json"
+  done
+}
+
 # The directory and the results file are made here: a trace run missing either stops at once.
 step_trace() {
   local tree=$1
@@ -547,6 +599,7 @@ while [ $# -gt 0 ]; do
     unpack) step_unpack "$1"; shift ;;
     ab) step_ab "$@"; shift $# ;;
     trace) step_trace "$@"; shift $# ;;
+    refresh) step_refresh "$@"; shift $# ;;
     gemm-guard) step_gemm_guard ;;
     gemm-ab) step_gemm_ab "$@"; shift $# ;;
     clocks) step_clocks "$@"; shift $# ;;
