@@ -533,23 +533,23 @@ step_refresh() {
   mkdir -p "$OUT/results"
   local layer="--ranks 1 --tokens 1,8,128,512,2048,8192 --repeats 5"
   for series in "${all[@]}"; do
-    local tool=megamoe args name
+    local args name
     case $series in
       layer-deepseek-v3) args="bench --preset deepseek-v3 $layer"; name=layer-$board-$day ;;
       layer-qwen3) args="bench --preset qwen3-235b-a22b --recipe fp8 $layer"; name=layer-qwen3-235b-a22b-fp8-$board-$day ;;
       layer-gpt-oss-fp8) args="bench --preset gpt-oss-120b --recipe fp8 $layer"; name=layer-gpt-oss-120b-fp8-$board-$day ;;
       layer-gpt-oss-fp8_fp4) args="bench --preset gpt-oss-120b --recipe fp8_fp4 $layer"; name=layer-gpt-oss-120b-fp8_fp4-$board-$day ;;
       layer-mixtral) args="bench --preset mixtral-8x7b --recipe bf16 ${layer/,8192/}"; name=layer-mixtral-8x7b-bf16-$board-$day ;;
-      gemm-decode) tool=megamoe_gemm_bench; name=gemm-decode-$board-$day
+      gemm-decode) name=gemm-decode-$board-$day
         args="--recipes fp8_fp4,fp8 --experts 32,128 --tokens 1,4,16 --routing uniform,random,skewed" ;;
-      gemm-prefill-fp8) tool=megamoe_gemm_bench; name=gemm-prefill-fp8-$board-$day
+      gemm-prefill-fp8) name=gemm-prefill-fp8-$board-$day
         args="--recipes fp8 --experts 32,128 --tokens 1024,4096 --routing uniform,random" ;;
-      gemm-prefill-fp8_fp4) tool=megamoe_gemm_bench; name=gemm-prefill-fp8_fp4-$board-$day
+      gemm-prefill-fp8_fp4) name=gemm-prefill-fp8_fp4-$board-$day
         args="--recipes fp8_fp4 --experts 32,128 --tokens 1024,4096 --routing uniform,random,skewed" ;;
       *) echo "refresh: unknown series $series"; status=1; continue ;;
     esac
-    local binary=$tree/build/megamoe
-    [ $tool = megamoe ] || binary=$tree/build/bench/gemm/megamoe_gemm_bench
+    local tool=megamoe binary=$tree/build/megamoe
+    [[ $series == gemm-* ]] && tool=megamoe_gemm_bench binary=$tree/build/bench/gemm/megamoe_gemm_bench
     local file=$OUT/results/$name.json
     # shellcheck disable=SC2086  # args are words
     if ! timeout 540 "$binary" $args --out "$file" >"$OUT/results/$name.log" 2>&1; then
