@@ -1,7 +1,6 @@
 #include "bench/layer/layer_bench.h"
 
 #include <cuda_runtime_api.h>
-#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,10 +16,10 @@
 #include <limits>
 #include <memory>
 #include <sstream>
-#include <type_traits>
 
 #include "bench/common/ceilings.h"
 #include "bench/common/report.h"
+#include "bench/common/shared_array.h"
 #include "bench/layer/device_memory.h"
 #include "cli/flags.h"
 #include "bench/layer/unfused_baseline.h"
@@ -51,32 +50,6 @@ constexpr int kWarmups = 2;
 // The baseline's correctness check: bf16, this many tokens per rank, against the fused layer's y.
 constexpr int32_t kCheckTokens = 32;
 constexpr double kCheckBound = 1e-2;
-
-// ---- Shared memory between the launching process and the rank processes -----------------------
-
-// An array in anonymous shared memory, mapped before the ranks fork, so that what rank processes
-// (or emulated rank threads) write is seen by the launching process.
-template <typename T>
-class SharedArray {
-  static_assert(std::is_trivially_copyable_v<T>);
-
- public:
-  SharedArray(size_t count, const T& initial) : bytes_(std::max<size_t>(count, 1) * sizeof(T)) {
-    void* base = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    require(base != MAP_FAILED, "bench", "could not map ", bytes_, " bytes of shared memory: ", std::strerror(errno));
-    data_ = static_cast<T*>(base);
-    std::fill_n(data_, count, initial);
-  }
-  ~SharedArray() { munmap(data_, bytes_); }
-  SharedArray(const SharedArray&) = delete;
-  SharedArray& operator=(const SharedArray&) = delete;
-
-  T& operator[](size_t index) const { return data_[index]; }
-
- private:
-  size_t bytes_;
-  T* data_ = nullptr;
-};
 
 // What a rank measured for one token count (or for the baseline check); NaN where not measured.
 // Per schedule (indexed by Schedule): the call's median over the repeats, the same call captured
@@ -146,7 +119,7 @@ double peer_copy_gbps() {
 
 // In a child process: this one must stay free of CUDA to fork NCCL ranks afterwards.
 Ceilings measure_ceilings_in_child(int32_t gpus) {
-  SharedArray<Ceilings> result(1, Ceilings{kNaN, kNaN, kNaN, kNaN});
+  SharedArray<Ceilings> result(1, Ceilings{kNaN, kNaN, kNaN, kNaN}, "bench");
   std::fflush(stdout);
   std::fflush(stderr);
   const pid_t pid = fork();
@@ -959,8 +932,8 @@ void run_bench(const BenchOptions& options) {
   std::fflush(stdout);
 
   const size_t sizes = options.tokens.size();
-  SharedArray<RankMeasures> measures(sizes * static_cast<size_t>(ranks), RankMeasures{});
-  SharedArray<RankMeasures> checks(static_cast<size_t>(ranks), RankMeasures{});
+  SharedArray<RankMeasures> measures(sizes * static_cast<size_t>(ranks), RankMeasures{}, "bench");
+  SharedArray<RankMeasures> checks(static_cast<size_t>(ranks), RankMeasures{}, "bench");
   const int failed = run_ranks(ranks, emulated ? LaunchMode::emulated : LaunchMode::processes,
                                [&](Communicator& comm) { bench_rank(comm, data, measures, checks); });
   require(failed == 0, "bench", failed, " of ", ranks, " ranks failed (see above)");

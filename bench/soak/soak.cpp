@@ -1,7 +1,6 @@
 #include "bench/soak/soak.h"
 
 #include <cuda_runtime_api.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -9,10 +8,10 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
-#include <new>
 #include <sstream>
 
 #include "bench/common/report.h"
+#include "bench/common/shared_array.h"
 #include "cli/flags.h"
 #include "comm/launcher.h"
 #include "megamoe/comm.h"
@@ -211,25 +210,6 @@ void run_rank(Communicator& comm, const Variant& v, const SetData& sets, uint64_
   cudaFree(stats);
 }
 
-// Rank outcomes in memory shared with forked rank processes.
-class SharedOutcomes {
- public:
-  explicit SharedOutcomes(int32_t ranks) : bytes_(sizeof(RankOutcome) * static_cast<size_t>(ranks)) {
-    void* memory = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    require(memory != MAP_FAILED, "soak", "could not map ", bytes_, " bytes of shared memory");
-    outcomes_ = static_cast<RankOutcome*>(memory);
-    for (int32_t r = 0; r < ranks; ++r) new (outcomes_ + r) RankOutcome();
-  }
-  ~SharedOutcomes() { munmap(outcomes_, bytes_); }
-  SharedOutcomes(const SharedOutcomes&) = delete;
-  SharedOutcomes& operator=(const SharedOutcomes&) = delete;
-  RankOutcome& operator[](int32_t rank) const { return outcomes_[rank]; }
-
- private:
-  size_t bytes_;
-  RankOutcome* outcomes_;
-};
-
 }  // namespace
 
 const char* soak_usage() {
@@ -319,7 +299,7 @@ int run_soak(const SoakOptions& options) {
       sets = prepare_sets(v.problem, SyntheticWeights(v.problem, options.seed), options.seed);
       data_key = key;
     }
-    SharedOutcomes outcomes(options.ranks);
+    bench::SharedArray<RankOutcome> outcomes(static_cast<size_t>(options.ranks), RankOutcome{}, "soak");
     const auto start = std::chrono::steady_clock::now();
     const int rank_errors = run_ranks(options.ranks, mode, [&](Communicator& comm) {
       run_rank(comm, v, sets, options.seed, options.check_every, outcomes[comm.rank()]);

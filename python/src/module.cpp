@@ -401,10 +401,7 @@ struct PyBuffer {
     const CallOptions options = call_options(schedule);
     SymmBuffer& b = get();
     const Problem& p = b.problem();
-    require(weights.recipe == p.recipe, "weights", "were prepared for recipe ", to_string(weights.recipe),
-            " but the buffer is for ", to_string(p.recipe));
-    require(weights.device == device, "weights", "must be on cuda:", device, " (the buffer's device), got cuda:",
-            weights.device);
+    check_weights(weights, p);
     require(num_tokens >= 0 && num_tokens <= p.max_tokens_per_rank, "num_tokens", "must be in [0, ",
             p.max_tokens_per_rank, "], got ", num_tokens);
     require(!convert_mx || mx_x != nullptr, "activation_scales", "'mx' needs the staging tensors (set_mx_staging)");
@@ -425,6 +422,14 @@ struct PyBuffer {
                              in.x, in.x_scales, s);
     }
     launch(kind, b, in, weights, out, s, stats, options);
+  }
+
+  // Weights prepared for this buffer's recipe, on its device.
+  void check_weights(const PyLayerWeights& weights, const Problem& p) const {
+    require(weights.recipe == p.recipe, "weights", "were prepared for recipe ", to_string(weights.recipe),
+            " but the buffer is for ", to_string(p.recipe));
+    require(weights.device == device, "weights", "must be on cuda:", device, " (the buffer's device), got cuda:",
+            weights.device);
   }
 
   static CallOptions call_options(const std::string& schedule) {
@@ -460,10 +465,7 @@ struct PyBuffer {
     const CallOptions options = call_options(schedule);
     SymmBuffer& b = get();
     const Problem& p = b.problem();
-    require(weights.recipe == p.recipe, "weights", "were prepared for recipe ", to_string(weights.recipe),
-            " but the buffer is for ", to_string(p.recipe));
-    require(weights.device == device, "weights", "must be on cuda:", device, " (the buffer's device), got cuda:",
-            weights.device);
+    check_weights(weights, p);
     LayerInputs in;
     in.num_tokens = num_tokens;
     in.x = device_view(x, "x", activation_dtype(p.recipe), device);
@@ -489,10 +491,7 @@ struct PyBuffer {
     SymmBuffer& b = get();
     CallForm call_form;
     require(parse_call_form(form, call_form), "form", "must be automatic, streamed or batch, got '", form, "'");
-    require(weights.recipe == b.problem().recipe, "weights", "were prepared for recipe ", to_string(weights.recipe),
-            " but the buffer is for ", to_string(b.problem().recipe));
-    require(weights.device == device, "weights", "must be on cuda:", device, " (the buffer's device), got cuda:",
-            weights.device);
+    check_weights(weights, b.problem());
     StreamedCall call;
     call.router = &router;
     call.x = device_view(x, "x", DType::bf16, device);
